@@ -1,0 +1,14 @@
+"""madqn: multi-agent DQN3.0 for PettingZoo environments.
+
+Data flows env -> actor -> replay -> learner; see docs/architecture.md.
+"""
+
+from madqn.config import Config, make_config
+from madqn.errors import CheckpointError, ConfigError, MadqnError
+from madqn.learner import DQN3RMSprop, Learner, q_targets
+from madqn.api import RunResult, train
+
+__version__ = "0.1.0"
+
+__all__ = ["Config", "make_config", "MadqnError", "ConfigError", "CheckpointError", "DQN3RMSprop", "Learner",
+           "q_targets", "RunResult", "train", "__version__"]

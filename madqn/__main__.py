@@ -1,0 +1,5 @@
+import sys
+
+from madqn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,378 @@
+"""PettingZoo multi-player Atari with DQN3.0 preprocessing, computed once per step for all agents.
+
+One `AtariEnv` wraps one PettingZoo `ParallelAtariEnv` but drives its ALE directly: every agent
+step repeats the joint action for `action_repeat` frames, sums the raw per-player rewards, max-pools
+the RGB screens of the last two frames and turns them into one 84x84 luminance frame that every
+agent receives (all players look at the same screen). This is DQN3.0's alewrap/Scale pipeline
+(dqn3-reference.md section 5) with PettingZoo's player/termination rules on top.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pettingzoo
+from gymnasium import spaces
+from pettingzoo.utils.env import ParallelEnv
+
+from madqn.errors import MadqnError
+
+__all__ = [
+    "ATARI_GAMES",
+    "FRAME_SHAPE",
+    "AtariEnv",
+    "UnknownGameError",
+    "make_atari_env",
+    "preprocess_frame",
+    "rom_dir",
+]
+
+# PettingZoo's multi-player Atari games (registry ids `atari/pong-v3`...; a test checks the list).
+ATARI_GAMES: tuple[str, ...] = (
+    "basketball_pong_v3",
+    "boxing_v2",
+    "combat_plane_v2",
+    "combat_tank_v2",
+    "double_dunk_v3",
+    "entombed_competitive_v3",
+    "entombed_cooperative_v3",
+    "flag_capture_v2",
+    "foozpong_v3",
+    "ice_hockey_v2",
+    "joust_v3",
+    "mario_bros_v3",
+    "maze_craze_v3",
+    "othello_v3",
+    "pong_v3",
+    "quadrapong_v4",
+    "space_invaders_v2",
+    "space_war_v2",
+    "surround_v2",
+    "tennis_v3",
+    "video_checkers_v4",
+    "volleyball_pong_v3",
+    "warlords_v3",
+    "wizard_of_wor_v3",
+)
+
+FRAME_SHAPE = (84, 84)  # (height, width) of a preprocessed frame
+NOOP = 0  # ALE action id of "no operation" (every game's minimal set contains it)
+
+# ITU-R BT.601 luma weights on (R, G, B), as a 1x3 matrix for cv2.transform.
+_LUMINANCE_1x3 = np.array([[0.299, 0.587, 0.114]], dtype=np.float32)
+# Added before truncating to uint8: exact integer luminances (grays, where R = G = B) come out of
+# float32 arithmetic up to ~4e-5 low and would otherwise drop one gray level (236 -> 235).
+_TRUNCATION_SLACK = 1e-4
+
+
+class UnknownGameError(MadqnError, ValueError):
+    """The Atari game name is not one of ATARI_GAMES (the message suggests close matches)."""
+
+
+def rom_dir() -> Path:
+    """The folder of Atari ROMs shipped inside ale-py (PettingZoo loads `<game>.bin` from it)."""
+    import ale_py
+
+    return Path(ale_py.__file__).parent / "roms"
+
+
+def preprocess_frame(
+    rgb_a: np.ndarray, rgb_b: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
+    """DQN3.0 frame preprocessing of the last two RGB screens of an action repeat.
+
+    Element-wise max of the two (H, W, 3) uint8 screens in RGB (before luminance), luminance
+    Y = 0.299 R + 0.587 G + 0.114 B in float, area resize of the whole frame (no crop) to 84x84
+    (cv2.INTER_AREA, i.e. exact box averaging), then uint8 by truncation as DQN3.0's
+    TransitionTable stores it. Returns `out` if given (an (84, 84) uint8 array), else a new array.
+    """
+    pooled = np.maximum(rgb_a, rgb_b).astype(np.float32)
+    luminance = cv2.transform(pooled, _LUMINANCE_1x3)
+    small = cv2.resize(luminance, FRAME_SHAPE[::-1], interpolation=cv2.INTER_AREA)
+    small += _TRUNCATION_SLACK
+    if out is None:
+        return small.astype(np.uint8)  # float -> uint8 casting truncates (values are in [0, 256))
+    np.copyto(out, small, casting="unsafe")
+    return out
+
+
+class _Emulator:
+    """The handful of per-frame ALE calls, bound once to preallocated buffers.
+
+    multi_agent_ale_py's Python wrapper allocates and converts arrays with `as_ctypes` on every
+    `act`/`getScreenRGB` call (~20 us each, a third of the emulation time per frame); here the
+    same C functions get fixed pointers. Other ALE objects go through the public methods.
+    """
+
+    def __init__(self, ale: Any, n_players: int, screen_shape: tuple[int, int, int]) -> None:
+        self.ale = ale
+        self.joint_action = np.zeros(n_players, np.intc)  # ALE action ids, written by the caller
+        self.rewards = np.zeros(n_players, np.intc)  # rewards of the latest frame
+        self._lives = np.zeros(n_players, np.intc)
+        self.screens = (np.empty(screen_shape, np.uint8), np.empty(screen_shape, np.uint8))
+        self._lib = None
+        try:
+            from multi_agent_ale_py import ale_python_interface
+
+            if isinstance(ale, ale_python_interface.ALEInterface):
+                lib = ale_python_interface.ale_lib
+                if lib.actMultiSize(ale.obj) == n_players and lib.livesSize(ale.obj) == n_players:
+                    self._lib = lib
+                    self._obj = ale.obj
+                    self._pointers = (  # the buffers live as long as self; fixed addresses
+                        self.joint_action.ctypes.data,
+                        self.rewards.ctypes.data,
+                        self._lives.ctypes.data,
+                        self.screens[0].ctypes.data,
+                        self.screens[1].ctypes.data,
+                    )
+        except (ImportError, AttributeError):  # another ALE build: use the public API
+            self._lib = None
+
+    def act(self) -> np.ndarray:
+        """Emulate one frame with `joint_action`; returns the `rewards` buffer (reused)."""
+        if self._lib is not None:
+            self._lib.actMulti(self._obj, self._pointers[0], self._pointers[1])
+        else:
+            self.rewards[:] = self.ale.act(self.joint_action)
+        return self.rewards
+
+    def grab_screen(self, which: int) -> None:
+        """Copy the current RGB screen into `screens[which]`."""
+        if self._lib is not None:
+            self._lib.getScreenRGB(self._obj, self._pointers[3 + which])
+        else:
+            self.ale.getScreenRGB(self.screens[which])
+
+    def lives(self) -> np.ndarray:
+        """Per-player life counters (a new array); -1 marks an eliminated player."""
+        if self._lib is not None:
+            self._lib.lives(self._obj, self._pointers[2])
+            return self._lives.copy()
+        return np.asarray(self.ale.allLives(), np.intc)
+
+    def game_over(self) -> bool:
+        return bool(self.ale.game_over())
+
+    def reset(self) -> None:
+        self.ale.reset_game()
+
+
+def _check_game(name: str) -> str:
+    if name in ATARI_GAMES:
+        return name
+    matches = difflib.get_close_matches(name, ATARI_GAMES, n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(repr(m) for m in matches)}? " if matches else ""
+    raise UnknownGameError(
+        f"unknown Atari game {name!r}; {hint}known games: {', '.join(ATARI_GAMES)}"
+    )
+
+
+class AtariEnv(ParallelEnv):
+    """One PettingZoo multi-player Atari game as a madqn `MultiAgentEnv` (docs/architecture.md).
+
+    Per `step`: the joint action (absent or finished agents send NOOP) is repeated for
+    `action_repeat` frames (stopping early at game over), rewards are the raw per-player sums,
+    and every acting agent receives the same fresh, read-only (84, 84) uint8 frame from
+    `preprocess_frame` on the last two screens. Game over terminates every agent; a player whose
+    ALE life count drops below 0 (PettingZoo's marker of an eliminated player) is terminated.
+    After `max_cycles` agent steps every live agent is truncated (never terminated), so a game
+    that stalls (a player who never serves) still ends. After each reset, DQN3.0's random start:
+    1..noop_max no-op frames for all players (drawn from the env's seeded generator) before the
+    first observation. With `terminal_on_life_loss`, a life lost while the game goes on is flagged
+    as `infos[agent]["life_lost"] = True` (DQN3.0's training terminal; the episode continues).
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "name": "madqn_atari", "render_fps": 15}
+
+    def __init__(
+        self,
+        game: str,
+        *,
+        action_repeat: int = 4,
+        max_cycles: int = 27_000,
+        noop_max: int = 30,
+        sticky_actions: float = 0.0,
+        terminal_on_life_loss: bool = True,
+        full_action_space: bool = False,
+        seed: int | None = None,
+    ) -> None:
+        self.game = _check_game(game)
+        if int(action_repeat) < 1:
+            raise ValueError(f"action_repeat must be >= 1 (frames), got {action_repeat}")
+        if int(max_cycles) < 1:
+            raise ValueError(f"max_cycles must be >= 1 (agent steps), got {max_cycles}")
+        if int(noop_max) < 0:
+            raise ValueError(f"noop_max must be >= 0 (frames), got {noop_max}")
+        if not 0.0 <= float(sticky_actions) <= 1.0:
+            raise ValueError(f"sticky_actions must be a probability, got {sticky_actions}")
+        self.action_repeat = int(action_repeat)
+        self.max_cycles = int(max_cycles)
+        self.noop_max = int(noop_max)
+        self.sticky_actions = float(sticky_actions)
+        self.terminal_on_life_loss = bool(terminal_on_life_loss)
+        self.full_action_space = bool(full_action_space)
+        self.render_mode = "rgb_array"
+        self.metadata = {**self.metadata, "name": f"madqn_{self.game}"}
+
+        ale_seed = self._seed_generator(seed)
+        wrapped = pettingzoo.make(
+            "parallel",
+            "atari/" + "-v".join(self.game.rsplit("_v", 1)),  # registry id, e.g. atari/pong-v3
+            obs_type="rgb_image",
+            full_action_space=self.full_action_space,
+            max_cycles=2**62,  # we count cycles ourselves; PettingZoo must never truncate
+            auto_rom_install_path=str(rom_dir()),
+            seed=ale_seed,  # PettingZoo sets the ALE random_seed and loads the ROM with it
+        )
+        self._pz_env = wrapped.unwrapped  # the ParallelAtariEnv under PettingZoo's wrappers
+        self.ale = self._pz_env.ale
+        self.possible_agents: list[str] = list(self._pz_env.possible_agents)
+        self.agents: list[str] = []
+        self._agent_index = {agent: i for i, agent in enumerate(self.possible_agents)}
+        self._action_mapping = np.asarray(self._pz_env.action_mapping, dtype=np.int32)
+        n_actions = len(self._action_mapping)
+        self._observation_space = spaces.Box(0, 255, FRAME_SHAPE, np.uint8)
+        self._action_space = spaces.Discrete(n_actions)
+
+        width, height = self.ale.getScreenDims()
+        self._emulator = _Emulator(self.ale, len(self.possible_agents), (height, width, 3))
+        self._lives = np.zeros(len(self.possible_agents), np.int64)
+        self._agent_steps = 0
+        if self.sticky_actions != 0.0:  # PettingZoo loaded the ROM without sticky actions
+            self._load_rom(ale_seed)
+
+    # -- MultiAgentEnv -------------------------------------------------------------------------
+
+    def observation_space(self, agent: str) -> spaces.Box:
+        self._check_agent(agent)
+        return self._observation_space
+
+    def action_space(self, agent: str) -> spaces.Discrete:
+        self._check_agent(agent)
+        return self._action_space
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+        """New game, then 1..noop_max no-op frames (0: none); returns every agent's first frame."""
+        if seed is not None:
+            self._load_rom(self._seed_generator(seed))
+        emulator = self._emulator
+        emulator.reset()
+        n_noops = int(self._rng.integers(1, self.noop_max + 1)) if self.noop_max > 0 else 0
+        emulator.joint_action.fill(NOOP)
+        if n_noops == 0:
+            emulator.grab_screen(0)
+        for i in range(n_noops):
+            if i == n_noops - 1:
+                emulator.grab_screen(0)
+            emulator.act()
+            if emulator.game_over():  # not seen in practice; start again as DQN3.0 would
+                emulator.reset()
+        emulator.grab_screen(1)
+        self.agents = list(self.possible_agents)
+        self._lives[:] = emulator.lives()
+        self._agent_steps = 0
+        frame = self._frame()
+        return {agent: frame for agent in self.agents}, {agent: {} for agent in self.agents}
+
+    def step(self, actions: dict[str, int]) -> tuple[
+        dict[str, np.ndarray],
+        dict[str, float],
+        dict[str, bool],
+        dict[str, bool],
+        dict[str, dict[str, Any]],
+    ]:
+        """Repeat the joint action for `action_repeat` frames; see the class docstring."""
+        if not self.agents:
+            raise RuntimeError("step() after the episode ended (no live agents); call reset()")
+        acting = self.agents
+        emulator = self._emulator
+        joint = emulator.joint_action
+        joint.fill(NOOP)
+        n_actions = self._action_space.n
+        for agent, action in actions.items():
+            index = self._agent_index.get(agent)
+            if index is None:
+                raise ValueError(f"unknown agent {agent!r}; agents are {self.possible_agents}")
+            action = int(action)
+            if not 0 <= action < n_actions:
+                raise ValueError(f"action {action} of {agent!r} is outside Discrete({n_actions})")
+            if agent in acting:
+                joint[index] = self._action_mapping[action]
+
+        rewards = np.zeros(len(self.possible_agents), np.int64)
+        last = self.action_repeat - 1
+        game_over = False
+        for f in range(self.action_repeat):
+            if f == last:
+                emulator.grab_screen(0)  # the screen after frame repeat-2 (or of the last step)
+            rewards += emulator.act()
+            if emulator.game_over():
+                game_over = True
+                break
+        emulator.grab_screen(1)
+        if f < last:  # game over before the last frame: pool the final screen with itself
+            emulator.grab_screen(0)
+        frame = self._frame()
+        self._agent_steps += 1
+
+        lives = emulator.lives()
+        time_up = self._agent_steps >= self.max_cycles
+        observations, reward_out, terminations, truncations, infos = {}, {}, {}, {}, {}
+        for agent in acting:
+            i = self._agent_index[agent]
+            terminated = game_over or int(lives[i]) < 0
+            observations[agent] = frame
+            reward_out[agent] = float(rewards[i])
+            terminations[agent] = terminated
+            truncations[agent] = time_up and not terminated
+            info: dict[str, Any] = {}
+            if self.terminal_on_life_loss and not terminated and lives[i] < self._lives[i]:
+                info["life_lost"] = True
+            infos[agent] = info
+        self._lives[:] = lives
+        self.agents = [] if time_up else [a for a in acting if not terminations[a]]
+        return observations, reward_out, terminations, truncations, infos
+
+    def render(self) -> np.ndarray:
+        """The current (210, 160, 3) uint8 RGB screen (the newest emulated frame)."""
+        return self.ale.getScreenRGB()
+
+    def close(self) -> None:
+        self._pz_env.close()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _check_agent(self, agent: str) -> int:
+        index = self._agent_index.get(agent)
+        if index is None:
+            raise KeyError(f"unknown agent {agent!r}; agents are {self.possible_agents}")
+        return index
+
+    def _seed_generator(self, seed: int | None) -> int:
+        """Seed the no-op draws; returns the ALE seed: `seed` (mod 2**31), as PettingZoo does."""
+        self._rng = np.random.default_rng(seed)
+        return int(seed) % 2**31 if seed is not None else int(self._rng.integers(2**31))
+
+    def _load_rom(self, ale_seed: int) -> None:
+        """(Re)load the ROM: ALE settings (random_seed, used by sticky actions) apply on load."""
+        self.ale.setFloat(b"repeat_action_probability", self.sticky_actions)
+        self.ale.setInt(b"random_seed", ale_seed)
+        self.ale.loadROM(self._pz_env.rom_path)
+        self.ale.setMode(self._pz_env.mode)
+
+    def _frame(self) -> np.ndarray:
+        frame = preprocess_frame(*self._emulator.screens)
+        frame.flags.writeable = False  # shared by all agents; callers copy before writing
+        return frame
+
+
+def make_atari_env(name: str, **kwargs: Any) -> AtariEnv:
+    """`AtariEnv(name, **kwargs)`; an unknown name raises `UnknownGameError` (a `ValueError`)."""
+    return AtariEnv(_check_game(name), **kwargs)

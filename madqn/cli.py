@@ -1,0 +1,76 @@
+"""The ``madqn`` command. Each subcommand registers its own parser; errors are one line, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from madqn.errors import MadqnError
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
+
+
+def command(register: Callable[[argparse._SubParsersAction], None]) -> Callable:
+    COMMANDS.append(register)
+    return register
+
+
+@command
+def _train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train DQN3.0 agents in a PettingZoo env",
+                       description="Train DQN3.0 agents (one shared or one Q-network per agent). "
+                                   "Writes config.toml, episodes.csv, train.csv and checkpoints/ to the run directory.")
+    p.add_argument("--env", help="PettingZoo Atari name (pong_v3), 'package.module:callable' or "
+                                 "'path/to/file.py:callable' (default: the config's env, pong_v3)")
+    p.add_argument("--config", help="TOML config file (see configs/); defaults are DQN3.0's")
+    p.add_argument("--sharing", choices=["shared", "independent"], help="one Q-network for all agents, or one each")
+    p.add_argument("--steps", type=int, help="training length in agent steps")
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto: cuda when available)")
+    p.add_argument("--run-dir", help="run directory (default runs/<env>-<sharing>-s<seed>-<time>)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any config key (TOML value syntax), repeatable, e.g. --set learn_start=1000")
+    p.set_defaults(func=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from madqn.api import train
+    from madqn.config import parse_overrides
+
+    overrides = parse_overrides(args.overrides)
+    for key in ("sharing", "steps", "seed", "device"):
+        value = getattr(args, key)
+        if value is not None:
+            overrides[key] = value
+    result = train(args.env, args.config, run_dir=args.run_dir, force=args.force, **overrides)
+    print(f"done: {result.steps} agent steps, {result.episodes} episodes, updates {result.updates}, "
+          f"{result.wall_time:.1f} s; run directory {result.run_dir}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="madqn", description="Multi-agent DQN3.0 for PettingZoo environments.")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for register in COMMANDS:
+        register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MadqnError as e:
+        if args.debug:
+            raise
+        print(f"madqn: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

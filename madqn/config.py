@@ -1,0 +1,218 @@
+"""The run configuration: one typed dataclass whose names and defaults are DQN3.0's (``run_gpu``).
+
+Counters count **agent steps**: one decision of one agent seat (= 4 emulator frames at
+``action_repeat`` 4). In a parallel game every live agent acts once per environment step, so one
+environment step advances the counter by one; with ``num_envs`` copies a vector step advances it by
+``num_envs``. In a turn-based (AEC) game one environment step is one agent's move.
+
+Configs are TOML files (``configs/*.toml``) holding any subset of the fields; ``key=value``
+overrides are parsed as TOML values. Unknown keys and bad values raise :class:`ConfigError` naming
+the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from madqn.errors import ConfigError
+
+
+def _f(default: Any, doc: str, **kw: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": doc, **kw})
+    return field(default=default, metadata={"doc": doc, **kw})
+
+
+@dataclass
+class Config:
+    # --- run ---------------------------------------------------------------------------------
+    env: str = _f("pong_v3", "environment: a PettingZoo Atari name, 'package.module:callable' or 'file.py:callable'")
+    sharing: str = _f("independent", "'shared': one Q-network for all agents; 'independent': one per agent",
+                      choices=("shared", "independent"))
+    agent_indicator: bool = _f(True, "shared mode: feed a one-hot agent id to the network (extra constant channels)")
+    seed: int = _f(1, "random seed (envs, exploration, replay sampling, network init)")
+    device: str = _f("auto", "'auto' (cuda if available), 'cpu', 'cuda' or 'cuda:N'")
+    steps: int = _f(50_000_000, "training length (DQN3.0 steps: 4 frames each) [agent steps]", min=1)
+    num_envs: int = _f(1, "copies of the game stepped together; each copy's agents keep their own histories and replay streams", min=1)
+    num_threads: int = _f(0, "torch CPU threads for the learner (0 = torch's default)", min=0)
+
+    # --- environment (DQN3.0 alewrap / xitari behaviour) ---------------------------------------
+    action_repeat: int = _f(4, "emulator frames per agent step (actrep); rewards are summed over them", min=1)
+    random_starts: int = _f(30, "1..random_starts random no-op frames after each reset (0 = none) [emulator frames]", min=0)
+    sticky_actions: float = _f(0.0, "probability that the emulator repeats the previous action (0 = deterministic, DQN3.0)", min=0.0, max=1.0)
+    max_cycles: int = _f(27_000, "episodes are truncated (not terminated) after this many agent steps [agent steps]", min=1)
+    terminal_on_life_loss: bool = _f(True, "a lost life is a terminal for learning; the game goes on (DQN3.0 training)")
+    full_action_space: bool = _f(False, "use all 18 Atari actions instead of the game's minimal set")
+    preprocess: str = _f("auto", "image observations: 'auto' (84x84 luminance unless already 84x84x1), 'atari', 'none'",
+                         choices=("auto", "atari", "none"))
+    network: str = _f("auto", "Q-network: 'auto' (conv for images, mlp for vectors), 'conv', 'mlp'",
+                      choices=("auto", "conv", "mlp"))
+    mlp_hidden: list = _f([256, 256], "hidden layer sizes of the MLP Q-network (vector observations)")
+
+    # --- DQN3.0 agent (NeuralQLearner) -------------------------------------------------------
+    hist_len: int = _f(4, "frames stacked into one state [frames]", min=1)
+    replay_memory: int = _f(1_000_000, "replay capacity per agent (and per env copy) [transitions]", min=1)
+    learn_start: int = _f(50_000, "no learning until this many agent steps [agent steps]", min=0)
+    update_freq: int = _f(4, "a learning round every update_freq agent steps [agent steps]", min=1)
+    n_replay: int = _f(1, "minibatch updates per learning round", min=1)
+    minibatch_size: int = _f(32, "transitions per minibatch", min=1)
+    discount: float = _f(0.99, "discount factor gamma", min=0.0, max=1.0)
+    target_q: int = _f(10_000, "target network copied from the online network every target_q agent steps (0 = no target network) [agent steps]", min=0)
+    lr: float = _f(0.00025, "RMSProp learning rate (lr_start)", min=0.0)
+    lr_end: float = _f(0.00025, "final learning rate of the linear anneal (DQN3.0: = lr, no anneal)", min=0.0)
+    lr_endt: int = _f(1_000_000, "learning-rate anneal length after learn_start [agent steps]", min=1)
+    wc: float = _f(0.0, "L2 weight cost (dw -= wc * w)", min=0.0)
+    rmsprop_decay: float = _f(0.95, "decay of RMSProp's running mean and mean square", min=0.0, max=1.0)
+    rmsprop_eps: float = _f(0.01, "constant added INSIDE the square root of centred RMSProp", min=0.0)
+    ep_start: float = _f(1.0, "initial exploration epsilon", min=0.0, max=1.0)
+    ep_end: float = _f(0.1, "final exploration epsilon", min=0.0, max=1.0)
+    ep_endt: int = _f(1_000_000, "epsilon anneals linearly over ep_endt agent steps after learn_start [agent steps]", min=1)
+    clip_delta: float = _f(1.0, "TD error clipped to [-clip_delta, clip_delta] (0 = no clipping)", min=0.0)
+    rescale_r: bool = _f(True, "divide rewards by r_max, the running max of the clipped reward, starting at 1 (stays 1 with clipping)")
+    min_reward: float = _f(-1.0, "rewards clipped below at this value (per agent step, after summing the repeat)")
+    max_reward: float = _f(1.0, "rewards clipped above at this value")
+
+    # --- evaluation, logging, checkpoints ---------------------------------------------------
+    eval_freq: int = _f(250_000, "evaluate every eval_freq agent steps (0 = never during training) [agent steps]", min=0)
+    eval_steps: int = _f(125_000, "length of one evaluation [agent steps]", min=1)
+    eval_ep: float = _f(0.05, "epsilon during evaluation", min=0.0, max=1.0)
+    valid_size: int = _f(500, "held-out transitions (drawn at learn_start) for DQN3.0's V and TD-error statistics", min=0)
+    prog_freq: int = _f(10_000, "a progress line and a train.csv row every prog_freq agent steps [agent steps]", min=1)
+    save_freq: int = _f(125_000, "checkpoint every save_freq agent steps and at the end [agent steps]", min=1)
+    save_replay: bool = _f(False, "also checkpoint the replay memory (large: ~7 KB per transition per agent)")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ----------------------------------------------------------------------------------------
+    def validate(self) -> None:
+        hints = get_type_hints(type(self))
+        for f in fields(self):
+            value = getattr(self, f.name)
+            want = hints[f.name]
+            if want is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+                setattr(self, f.name, value)
+            if want is list:
+                ok = isinstance(value, list)
+            elif want is int:
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            else:
+                ok = isinstance(value, want)
+            if not ok:
+                raise ConfigError(f"config key '{f.name}' must be {_type_name(want)}, got {value!r}")
+            meta = f.metadata
+            if "choices" in meta and value not in meta["choices"]:
+                raise ConfigError(f"config key '{f.name}' must be one of {', '.join(meta['choices'])}; got {value!r}")
+            if "min" in meta and value < meta["min"]:
+                raise ConfigError(f"config key '{f.name}' must be >= {meta['min']}, got {value!r}")
+            if "max" in meta and value > meta["max"]:
+                raise ConfigError(f"config key '{f.name}' must be <= {meta['max']}, got {value!r}")
+        if self.min_reward > self.max_reward:
+            raise ConfigError(f"config key 'min_reward' ({self.min_reward}) must be <= 'max_reward' ({self.max_reward})")
+        if self.replay_memory < self.hist_len + self.minibatch_size:
+            raise ConfigError(
+                f"config key 'replay_memory' ({self.replay_memory}) must be at least hist_len + minibatch_size "
+                f"({self.hist_len + self.minibatch_size})")
+        if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in self.mlp_hidden):
+            raise ConfigError(f"config key 'mlp_hidden' must be a list of positive integers, got {self.mlp_hidden!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"config key 'device' must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+
+    def replace(self, **changes: Any) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        """The fully resolved config as TOML, each key preceded by its one-line doc."""
+        lines = ["# madqn resolved config: every key, with its meaning and units"]
+        for f in fields(self):
+            lines.append(f"# {f.metadata['doc']}")
+            lines.append(f"{f.name} = {_toml_value(getattr(self, f.name))}")
+        return "\n".join(lines) + "\n"
+
+
+# ---- loading -----------------------------------------------------------------------------------
+
+FIELD_NAMES = tuple(f.name for f in fields(Config))
+
+
+def _type_name(t: Any) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list"}.get(t, str(t))
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, int):
+        return f"{v:_}" if abs(v) >= 10_000 else str(v)
+    return repr(v)
+
+
+def _check_keys(d: dict[str, Any], where: str) -> None:
+    for key in d:
+        if key not in FIELD_NAMES:
+            close = difflib.get_close_matches(key, FIELD_NAMES, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown config key '{key}' in {where}{hint}")
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a config file into a dict of known keys (not yet validated as a whole)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
+    try:
+        d = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    nested = [k for k, v in d.items() if isinstance(v, dict)]
+    if nested:
+        raise ConfigError(f"config file {p}: tables are not supported ([{nested[0]}]); write keys at top level")
+    _check_keys(d, str(p))
+    return d
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings; values use TOML syntax, bare words are strings."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like key=value")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        _check_keys({key: None}, "--set")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        out[key] = value
+    return out
+
+
+def make_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Defaults <- config file <- overrides, validated."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        values.update(load_toml(path))
+    if overrides:
+        _check_keys(overrides, "overrides")
+        values.update(overrides)
+    try:
+        return Config(**values)
+    except TypeError as e:  # pragma: no cover - keys are checked above
+        raise ConfigError(str(e)) from None

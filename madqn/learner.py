@@ -1,0 +1,241 @@
+"""The DQN3.0 Q update: targets/delta (getQUpdate), centred RMSProp, and the Learner that holds
+the online network, its target copy and the optimizer.
+
+The update is DQN3.0's gradient injection, not a loss: ``q_BA.backward(-targets_BA)`` where
+``targets`` holds the clipped TD error at the taken action. The resulting ``.grad`` is
+``-sum_i clip(delta_i) dQ(s_i, a_i)/dw``, i.e. the gradient of a SUMMED Huber loss (threshold
+clip_delta), and the optimizer descends on it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+def q_targets(
+    q_all: Tensor,
+    q2_all: Tensor,
+    actions: Tensor,
+    rewards: Tensor,
+    terminals: Tensor,
+    *,
+    discount: float,
+    clip_delta: float,
+    r_max: float = 1.0,
+    rescale_r: bool = False,
+    next_action_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """DQN3.0 getQUpdate on a batch. Returns ``(targets_BA, delta_B, q2_max_B)``.
+
+    q_all: Q(s, .) of the online net (B, A); q2_all: Q(s2, .) of the target net (B, A);
+    actions (B,) long; rewards (B,) clipped rewards; terminals (B,) "s2 is terminal".
+    q2_max = max over the (legal, if ``next_action_mask`` (B, A) bool is given) actions, 0 for a
+    row with no legal action; delta = r [/ r_max] + discount * q2_max * (1 - term) - Q(s, a),
+    clipped to [-clip_delta, clip_delta] when clip_delta > 0; targets is zero except
+    targets[i, a_i] = clipped delta_i. The returned delta is the clipped one, q2_max the raw max
+    (before discount and terminal masking). Never part of autodiff.
+    """
+    with torch.no_grad():
+        q_all = q_all.detach()
+        q2_all = q2_all.detach()
+        actions_B1 = actions.long().view(-1, 1)
+        if next_action_mask is not None:
+            mask_BA = next_action_mask.to(torch.bool)
+            q2_masked = q2_all.masked_fill(~mask_BA, float("-inf"))
+            q2_max = q2_masked.max(dim=1).values
+            q2_max = torch.where(mask_BA.any(dim=1), q2_max, torch.zeros_like(q2_max))
+        else:
+            q2_max = q2_all.max(dim=1).values
+        not_term = 1.0 - terminals.to(q2_max.dtype)
+        q2 = discount * q2_max * not_term
+        r = rewards.to(q2_max.dtype)
+        if rescale_r:
+            r = r / r_max
+        q_sa = q_all.gather(1, actions_B1).squeeze(1)
+        delta = r + q2 - q_sa
+        if clip_delta > 0:
+            delta = delta.clamp(-clip_delta, clip_delta)
+        targets = torch.zeros_like(q_all)
+        targets.scatter_(1, actions_B1, delta.view(-1, 1).to(targets.dtype))
+    return targets, delta, q2_max
+
+
+class DQN3RMSprop(torch.optim.Optimizer):
+    """DQN3.0's centred RMSProp: no momentum, g and g2 start at 0, no bias correction, eps INSIDE
+    the square root. Descends on ``.grad`` (= -dw of the Lua code):
+
+        grad' = grad + weight_cost * p
+        g  = decay g  + (1 - decay) grad'
+        g2 = decay g2 + (1 - decay) grad'^2
+        p -= lr * grad' / sqrt(g2 - g^2 + eps)
+
+    Differs from ``torch.optim.RMSprop(centered=True)``, whose eps sits outside the root.
+    """
+
+    def __init__(self, params, lr: float = 2.5e-4, decay: float = 0.95, eps: float = 0.01, weight_cost: float = 0.0):
+        if lr < 0:
+            raise ValueError(f"invalid learning rate {lr}")
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"invalid decay {decay} (needs 0 <= decay < 1)")
+        if eps <= 0:
+            raise ValueError(f"invalid eps {eps} (needs > 0)")
+        if weight_cost < 0:
+            raise ValueError(f"invalid weight_cost {weight_cost}")
+        super().__init__(params, dict(lr=lr, decay=decay, eps=eps, weight_cost=weight_cost))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, gs, g2s = [], [], [], []
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("DQN3RMSprop does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state["g"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["g2"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                params.append(p)
+                grads.append(p.grad)
+                gs.append(state["g"])
+                g2s.append(state["g2"])
+            if not params:
+                continue
+            lr, decay, eps, wc = group["lr"], group["decay"], group["eps"], group["weight_cost"]
+            if wc != 0:
+                grads = torch._foreach_add(grads, params, alpha=wc)
+            torch._foreach_mul_(gs, decay)
+            torch._foreach_add_(gs, grads, alpha=1.0 - decay)
+            torch._foreach_mul_(g2s, decay)
+            torch._foreach_addcmul_(g2s, grads, grads, value=1.0 - decay)
+            denom = torch._foreach_addcmul(g2s, gs, gs, value=-1.0)  # g2 - g^2
+            torch._foreach_add_(denom, eps)
+            torch._foreach_sqrt_(denom)
+            torch._foreach_addcdiv_(params, grads, denom, value=-lr)
+        return loss
+
+
+def lr_at(step: int, *, learn_start: int, lr_start: float, lr_end: float, lr_endt: int) -> float:
+    """DQN3.0 learning-rate anneal: linear from lr_start to lr_end over lr_endt steps past learn_start."""
+    if lr_endt <= 0:
+        return lr_end
+    t = max(0, step - learn_start)
+    return (lr_start - lr_end) * max(0, lr_endt - t) / lr_endt + lr_end
+
+
+class Learner:
+    """Online network, target network (a frozen deepcopy) and DQN3RMSprop; one update per call.
+
+    With a shared network several agents' minibatches feed the same Learner; ``agent_ids`` are
+    passed to the networks only when they were built with ``n_agents > 0``.
+    """
+
+    def __init__(
+        self,
+        network: nn.Module,
+        *,
+        lr: float,
+        lr_end: float,
+        lr_endt: int,
+        learn_start: int,
+        discount: float,
+        clip_delta: float,
+        rescale_r: bool,
+        r_max: float,
+        weight_cost: float,
+        device: torch.device | str,
+        decay: float = 0.95,
+        eps: float = 0.01,
+        use_target: bool = True,
+    ):
+        self.device = torch.device(device)
+        self.online_network = network.to(self.device)
+        self.target_network = copy.deepcopy(self.online_network)
+        self.target_network.requires_grad_(False)
+        self.target_network.eval()
+        self.optimizer = DQN3RMSprop(self.online_network.parameters(), lr=lr, decay=decay, eps=eps,
+                                     weight_cost=weight_cost)
+        self.use_target = use_target  # False: bootstrap from the online network (DQN3.0 with target_q unset)
+        self.lr_start = lr
+        self.lr_end = lr_end
+        self.lr_endt = lr_endt
+        self.learn_start = learn_start
+        self.discount = discount
+        self.clip_delta = clip_delta
+        self.rescale_r = rescale_r
+        self.r_max = r_max
+        self.uses_agent_ids = getattr(network, "n_agents", 0) > 0
+
+    def _ids(self, agent_ids: Tensor | None) -> Tensor | None:
+        return agent_ids if self.uses_agent_ids else None
+
+    def update(
+        self,
+        states: Tensor,
+        actions: Tensor,
+        rewards: Tensor,
+        next_states: Tensor,
+        terminals: Tensor,
+        agent_ids: Tensor | None = None,
+        next_action_masks: Tensor | None = None,
+        step: int = 0,
+    ) -> dict[str, Tensor]:
+        """One DQN3.0 qLearnMinibatch on tensors already on the device.
+
+        Returns 0-dim detached tensors (no host sync): mean |clipped delta|, mean Q(s, a) and
+        mean max_a Q_target(s2, a).
+        """
+        ids = self._ids(agent_ids)
+        with torch.no_grad():
+            q2_all = (self.target_network if self.use_target else self.online_network)(next_states, ids)
+        q_all = self.online_network(states, ids)
+        targets, delta, q2_max = q_targets(
+            q_all.detach(),
+            q2_all,
+            actions,
+            rewards,
+            terminals,
+            discount=self.discount,
+            clip_delta=self.clip_delta,
+            r_max=self.r_max,
+            rescale_r=self.rescale_r,
+            next_action_mask=next_action_masks,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        q_all.backward(-targets)
+        lr = lr_at(step, learn_start=self.learn_start, lr_start=self.lr_start, lr_end=self.lr_end, lr_endt=self.lr_endt)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        q_sa = q_all.detach().gather(1, actions.long().view(-1, 1))
+        return {"abs_delta": delta.abs().mean(), "q_mean": q_sa.mean(), "q2_max": q2_max.mean()}
+
+    def sync_target(self) -> None:
+        """Copy the online weights into the target network (DQN3.0: every target_q steps)."""
+        self.target_network.load_state_dict(self.online_network.state_dict())
+
+    def q_values(self, states: Tensor, agent_ids: Tensor | None = None) -> Tensor:
+        """Q(s, .) of the online network, for acting."""
+        with torch.no_grad():
+            return self.online_network(states, self._ids(agent_ids))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "online": self.online_network.state_dict(),
+            "target": self.target_network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.online_network.load_state_dict(state["online"])
+        self.target_network.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,120 @@
+"""Run metrics: CSV files are the source of truth; a progress line every ``prog_freq`` agent steps.
+
+Files in the run directory:
+- ``episodes.csv``: one row per agent per finished episode (raw, unclipped score).
+- ``train.csv``: one row per learner every ``prog_freq`` agent steps (updates, mean |clipped delta|,
+  mean Q(s,a), mean max Q_target(s2), epsilon, learning rate, agent steps/s).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from madqn.runner import EpisodeRecord, Hook, Trainer
+
+EPISODE_FIELDS = ["step", "episode", "env", "agent", "score", "length", "truncated", "epsilon", "wall_time"]
+TRAIN_FIELDS = ["step", "learner", "updates", "abs_delta", "q_mean", "q2_max", "epsilon", "lr", "steps_per_s",
+                "replay_size", "wall_time"]
+
+
+class CsvWriter:
+    """Append rows to a CSV file, writing the header once; flushed on every row."""
+
+    def __init__(self, path: Path, fieldnames: list[str]):
+        new = not path.exists() or path.stat().st_size == 0
+        self.file: TextIO = open(path, "a", newline="")
+        self.writer = csv.DictWriter(self.file, fieldnames=fieldnames)
+        if new:
+            self.writer.writeheader()
+            self.file.flush()
+
+    def write(self, row: dict) -> None:
+        self.writer.writerow(row)
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _fmt(x: float) -> str:
+    return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
+
+
+class MetricsHook(Hook):
+    """Writes ``episodes.csv`` and ``train.csv`` and prints a progress line every ``prog_freq`` steps."""
+
+    def __init__(self, run_dir: Path, out: TextIO | None = None, window: int = 20):
+        self.run_dir = Path(run_dir)
+        self.out = sys.stdout if out is None else out
+        self.recent = {}  # agent -> deque of recent raw scores
+        self.window = window
+        self.episodes: CsvWriter | None = None
+        self.train: CsvWriter | None = None
+        self.last_step = 0
+        self.last_time = time.time()
+
+    def on_start(self, trainer: Trainer) -> None:
+        self.episodes = CsvWriter(self.run_dir / "episodes.csv", EPISODE_FIELDS)
+        self.train = CsvWriter(self.run_dir / "train.csv", TRAIN_FIELDS)
+        self.recent = {a: deque(maxlen=self.window) for a in trainer.agents}
+        self.last_step, self.last_time = trainer.step, time.time()
+        self.next_report = (trainer.step // trainer.config.prog_freq + 1) * trainer.config.prog_freq
+
+    def on_episode(self, trainer: Trainer, record: EpisodeRecord) -> None:
+        eps = trainer.epsilon()
+        wall = time.time() - trainer.start_time
+        for agent, score in record.scores.items():
+            self.recent[agent].append(score)
+            self.episodes.write({"step": record.step, "episode": record.episode, "env": record.env_index,
+                                 "agent": agent, "score": score, "length": record.lengths[agent],
+                                 "truncated": int(record.truncated), "epsilon": round(eps, 6),
+                                 "wall_time": round(wall, 3)})
+
+    def on_step(self, trainer: Trainer) -> None:
+        if trainer.step >= self.next_report:
+            self.report(trainer)
+            self.next_report = (trainer.step // trainer.config.prog_freq + 1) * trainer.config.prog_freq
+
+    def on_end(self, trainer: Trainer) -> None:
+        if trainer.step > self.last_step:
+            self.report(trainer)
+        for w in (self.episodes, self.train):
+            if w is not None:
+                w.close()
+
+    def report(self, trainer: Trainer) -> None:
+        now = time.time()
+        sps = (trainer.step - self.last_step) / max(now - self.last_time, 1e-9)
+        self.last_step, self.last_time = trainer.step, now
+        eps = trainer.epsilon()
+        parts = [f"step {trainer.step}/{trainer.config.steps}", f"{sps:.0f} steps/s", f"eps {eps:.3f}"]
+        for g in trainer.groups:
+            stats = summarize(g.stats)
+            g.stats.clear()
+            lr = g.learner.optimizer.param_groups[0]["lr"]
+            self.train.write({"step": trainer.step, "learner": g.name, "updates": g.updates,
+                              "abs_delta": stats["abs_delta"], "q_mean": stats["q_mean"], "q2_max": stats["q2_max"],
+                              "epsilon": round(eps, 6), "lr": lr, "steps_per_s": round(sps, 2),
+                              "replay_size": len(g.replay), "wall_time": round(now - trainer.start_time, 3)})
+            parts.append(f"{g.name}: updates {g.updates} |delta| {_fmt(stats['abs_delta'])} Q {_fmt(stats['q_mean'])}")
+        scores = " ".join(f"{a} {sum(d) / len(d):.2f}" for a, d in self.recent.items() if d)
+        if scores:
+            parts.append(f"score({self.window} ep) {scores}")
+        print(" | ".join(parts), file=self.out, flush=True)
+
+
+def summarize(stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Mean of the learner's per-update statistics since the last report (one host sync)."""
+    keys = ("abs_delta", "q_mean", "q2_max")
+    if not stats:
+        return {k: float("nan") for k in keys}
+    stacked = torch.stack([torch.stack([torch.as_tensor(s[k], dtype=torch.float32) for k in keys]) for s in stats])
+    return dict(zip(keys, stacked.mean(0).tolist()))

@@ -1,0 +1,323 @@
+"""Replay memory: DQN3.0's TransitionTable, one independent stream per (env copy, agent).
+
+Reproduced from TransitionTable: each entry stores ONE frame (uint8 for images) with the action
+taken at it, the reward that followed and whether it is terminal; stacked states of ``hist_len``
+frames are rebuilt at sample time, history frames from before an episode start are ZERO-padded
+(not repeated), an index whose newest state frame is terminal is rejected, and minibatches are
+drawn uniformly with replacement.
+
+Where we differ:
+- the write cursor is respected: TransitionTable can stack frames across the overwrite seam
+  (stale and fresh data in one history, or s2 from the other end of the buffer); such indices
+  are rejected here.
+- ``terminal`` (stop bootstrapping) and ``episode_end`` (terminal OR truncated) are stored
+  separately: a truncated final frame is bootstrapped from (term=0 in the transition leading to
+  it) but, like a terminal one, is never the newest frame of s and never stacked with the next
+  episode.
+- several streams live in one object and never mix; optional per-entry legal-action masks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Candidate rounds before sample() falls back to enumerating the valid indices exactly.
+_MAX_DRAW_ROUNDS = 64
+
+
+@dataclass
+class Batch:
+    """A minibatch of transitions; B = batch size, stacks are (B, hist_len, *frame_shape).
+
+    ``states`` and ``next_states`` are overlapping views of one (B, hist_len + 1, ...) array (half
+    the copying): treat them as read-only or copy before writing into them.
+    """
+
+    states: np.ndarray  # (B, hist_len, *frame_shape), frame dtype
+    actions: np.ndarray  # (B,) int64
+    rewards: np.ndarray  # (B,) float32, as stored (clipped by the caller)
+    next_states: np.ndarray  # (B, hist_len, *frame_shape), frame dtype
+    terminals: np.ndarray  # (B,) float32, 1.0 when s2 is terminal (no bootstrap)
+    streams: np.ndarray  # (B,) int64, stream each sample came from
+    next_action_masks: np.ndarray | None  # (B, n_actions) bool legal actions at s2, None if not stored
+    indices: np.ndarray  # (B,) int64, position j (newest frame of s) inside its stream
+
+
+class ReplayMemory:
+    """``n_streams`` circular tables of ``capacity`` entries each (DQN3.0 TransitionTable).
+
+    Entry k of a stream = (frame_k, action_k taken at frame_k, reward_k that followed,
+    terminal_k: frame_k is terminal, episode_end_k: frame_k is the last frame of its episode,
+    terminal or truncated). A final frame is its own entry (its action/reward are ignored).
+    The transition at index j is s = frames j-h+1..j, a = action_j, r = reward_j,
+    s2 = frames j-h+2..j+1, term = terminal_{j+1}, next mask = mask_{j+1} (h = hist_len).
+
+    Zero padding: in the stack ending at j, a history frame k < j is zeroed when episode_end is
+    set at any index in [k, j-1] (for s2, ending at j+1: any index in [k, j]). Positions before
+    the first entry of a stream count as episode ends, so a fresh stream starts zero-padded.
+
+    Validity rule: j is sampleable iff
+      1. entry j+1 exists and is newer than j (the transition does not cross the write cursor);
+      2. episode_end_j is False (the newest frame of s is neither terminal, as in DQN3.0, nor a
+         truncated final frame, which has no successor in its episode);
+      3. every history frame of s and s2 that is not zero-padded is still stored. After the
+         wrap-around, a history reaching past the oldest stored entry is rejected unless a
+         STORED episode_end flag zeroes that part (flags of overwritten entries are unknown).
+    So no stack holds overwritten data, frames of another episode or frames of another stream.
+    Sampling is uniform over the valid (stream, j) pairs, with replacement.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        frame_shape: tuple[int, ...],
+        hist_len: int,
+        *,
+        n_streams: int = 1,
+        frame_dtype=np.uint8,
+        n_actions: int | None = None,
+        store_action_masks: bool = False,
+        seed: int | None = None,
+    ):
+        if capacity < 2:
+            raise ValueError(f"replay capacity must be >= 2 entries per stream, got {capacity}")
+        if hist_len < 1:
+            raise ValueError(f"hist_len must be >= 1, got {hist_len}")
+        if n_streams < 1:
+            raise ValueError(f"n_streams must be >= 1, got {n_streams}")
+        if store_action_masks and (n_actions is None or n_actions < 1):
+            raise ValueError("store_action_masks=True needs n_actions >= 1")
+        self.capacity = int(capacity)
+        self.frame_shape = tuple(int(n) for n in frame_shape)
+        self.hist_len = int(hist_len)
+        self.n_streams = int(n_streams)
+        self.n_actions = None if n_actions is None else int(n_actions)
+        self.store_action_masks = bool(store_action_masks)
+        self.rng = np.random.default_rng(seed)
+
+        # np.zeros: untouched pages are not resident, so a 1M-entry table costs what is filled.
+        shape = (self.n_streams, self.capacity)
+        self.frames = np.zeros((*shape, *self.frame_shape), dtype=frame_dtype)
+        self.actions = np.zeros(shape, dtype=np.int32)
+        self.rewards = np.zeros(shape, dtype=np.float32)
+        self.terminal = np.zeros(shape, dtype=bool)
+        self.episode_end = np.zeros(shape, dtype=bool)
+        self.action_masks = np.zeros((*shape, self.n_actions), dtype=bool) if self.store_action_masks else None
+        # entries ever written per stream; entry n lives at position n % capacity
+        self.written = np.zeros(self.n_streams, dtype=np.int64)
+
+    # ------------------------------------------------------------------ writing
+
+    def add(
+        self,
+        stream: int,
+        frame,
+        action: int,
+        reward: float,
+        terminal: bool,
+        episode_end: bool,
+        action_mask=None,
+    ) -> None:
+        """Append entry (frame, action taken at it, reward that followed, flags) to ``stream``.
+
+        ``terminal`` implies ``episode_end``. ``action_mask`` (n_actions bool, legal actions at
+        this frame) is stored when the memory keeps masks; None there means all actions legal.
+        """
+        if not 0 <= stream < self.n_streams:
+            raise ValueError(f"stream {stream} out of range [0, {self.n_streams})")
+        if terminal and not episode_end:
+            raise ValueError("a terminal frame ends its episode: pass episode_end=True with terminal=True")
+        frame = np.asarray(frame)
+        if frame.shape != self.frame_shape:
+            raise ValueError(f"frame shape {frame.shape} != replay frame_shape {self.frame_shape}")
+        if frame.dtype.kind in "fc" and self.frames.dtype.kind not in "fc":
+            # e.g. a [0, 1] float image into uint8 storage would silently truncate to zeros
+            raise ValueError(f"frame dtype {frame.dtype} cannot be stored as {self.frames.dtype}")
+        pos = int(self.written[stream] % self.capacity)
+        self.frames[stream, pos] = frame
+        self.actions[stream, pos] = action
+        self.rewards[stream, pos] = reward
+        self.terminal[stream, pos] = terminal
+        self.episode_end[stream, pos] = episode_end
+        if self.action_masks is not None:
+            self.action_masks[stream, pos] = True if action_mask is None else action_mask
+        self.written[stream] += 1
+
+    # ------------------------------------------------------------------ reading
+
+    def __len__(self) -> int:
+        return int(np.minimum(self.written, self.capacity).sum())
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [self.frames, self.actions, self.rewards, self.terminal, self.episode_end, self.written]
+        if self.action_masks is not None:
+            arrays.append(self.action_masks)
+        return sum(a.nbytes for a in arrays)
+
+    def _check(self, streams: np.ndarray, positions: np.ndarray):
+        """Vectorised validity rule for candidate (stream, position) pairs of stored entries.
+
+        Returns (valid (n,) bool, logical index of j (n,), zeroed (n, hist_len - 1) bool) where
+        zeroed[:, c] tells whether history frame j-h+1+c is padding (meaningful where valid).
+        """
+        cap, h = self.capacity, self.hist_len
+        written = self.written[streams]
+        oldest = np.maximum(written - cap, 0)  # logical index of the oldest stored entry
+        logical = oldest + (positions - oldest) % cap
+        valid = (logical <= written - 2) & ~self.episode_end[streams, positions]
+        zeroed = np.empty((len(positions), h - 1), dtype=bool)
+        run = np.zeros(len(positions), dtype=bool)  # an episode end lies in [k, j-1]
+        for d in range(1, h):
+            k = logical - d
+            stored = k >= oldest
+            # unknown (overwritten) flags count as False; before the stream start counts as an end
+            run |= np.where(stored, self.episode_end[streams, k % cap], k < 0)
+            valid &= run | stored
+            zeroed[:, h - 1 - d] = run
+        return valid, logical, zeroed
+
+    def _all_stored(self) -> tuple[np.ndarray, np.ndarray]:
+        counts = np.minimum(self.written, self.capacity)
+        streams = np.repeat(np.arange(self.n_streams, dtype=np.int64), counts)
+        positions = np.concatenate([np.arange(c, dtype=np.int64) for c in counts])
+        return streams, positions
+
+    def valid_indices(self) -> tuple[np.ndarray, np.ndarray]:
+        """All sampleable (streams, positions), sorted by stream then position. O(len(self))."""
+        streams, positions = self._all_stored()
+        valid = self._check(streams, positions)[0]
+        return streams[valid], positions[valid]
+
+    def num_valid(self) -> int:
+        """Number of sampleable (stream, j) pairs. O(len(self))."""
+        return len(self.valid_indices()[0])
+
+    def sample(self, batch_size: int) -> Batch:
+        """A minibatch of ``batch_size`` transitions, uniform over the valid indices (with replacement)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        counts = np.minimum(self.written, self.capacity)
+        n_stored = int(counts.sum())
+        if n_stored == 0:
+            raise ValueError("cannot sample from an empty replay memory")
+        ends = np.cumsum(counts)
+        starts = ends - counts
+        streams = np.empty(batch_size, dtype=np.int64)
+        logical = np.empty(batch_size, dtype=np.int64)
+        zeroed = np.empty((batch_size, self.hist_len - 1), dtype=bool)
+        filled = 0
+        for _ in range(_MAX_DRAW_ROUNDS):
+            # a flat index over all stored entries: stream weighted by its count, j uniform in it;
+            # oversample so that one round usually fills the batch
+            missing = batch_size - filled
+            flat = self.rng.integers(0, n_stored, size=missing + missing // 4 + 8)
+            if self.n_streams == 1:
+                cand_streams = np.zeros(len(flat), dtype=np.int64)
+                cand_positions = flat
+            else:
+                cand_streams = np.searchsorted(ends, flat, side="right")
+                cand_positions = flat - starts[cand_streams]
+            ok, cand_logical, cand_zeroed = self._check(cand_streams, cand_positions)
+            take = np.flatnonzero(ok)[:missing]
+            stop = filled + len(take)
+            streams[filled:stop] = cand_streams[take]
+            logical[filled:stop] = cand_logical[take]
+            zeroed[filled:stop] = cand_zeroed[take]
+            filled = stop
+            if filled == batch_size:
+                break
+        else:
+            # valid indices are rare (or absent): draw from their exact list
+            all_streams, all_positions = self.valid_indices()
+            if len(all_streams) == 0:
+                raise ValueError(
+                    f"no valid transition to sample among {n_stored} stored entries (a transition needs "
+                    "a stored successor in the same episode and a history that is stored or zero-padded)"
+                )
+            pick = self.rng.integers(0, len(all_streams), size=batch_size - filled)
+            _, pick_logical, pick_zeroed = self._check(all_streams[pick], all_positions[pick])
+            streams[filled:] = all_streams[pick]
+            logical[filled:] = pick_logical
+            zeroed[filled:] = pick_zeroed
+        return self._gather(streams, logical, zeroed)
+
+    def _gather(self, streams: np.ndarray, logical: np.ndarray, zeroed: np.ndarray) -> Batch:
+        h, cap = self.hist_len, self.capacity
+        # rows of frames j-h+1 .. j+1 in the (n_streams * capacity, *frame_shape) view: ONE gather
+        # copies just the minibatch; s is the first h frames, s2 the last h
+        rows = streams[:, None] * cap + (logical[:, None] + np.arange(-h + 1, 2)) % cap
+        stacks = self.frames.reshape(-1, *self.frame_shape)[rows]
+        if h > 1:
+            # episode_end_j is False, so s2 pads exactly the frames of s that are padded (bar the oldest)
+            stacks[:, : h - 1][zeroed] = 0
+        j, j_next = rows[:, h - 1] - streams * cap, rows[:, h] - streams * cap
+        masks = None if self.action_masks is None else self.action_masks[streams, j_next]
+        return Batch(
+            states=stacks[:, :h],
+            actions=self.actions[streams, j].astype(np.int64),
+            rewards=self.rewards[streams, j],
+            next_states=stacks[:, 1:],
+            terminals=self.terminal[streams, j_next].astype(np.float32),
+            streams=streams,
+            next_action_masks=masks,
+            indices=j,
+        )
+
+    # ------------------------------------------------------------------ checkpointing
+
+    def state_dict(self) -> dict[str, np.ndarray | int]:
+        """Plain numpy arrays and ints (savable with ``np.savez``, no pickle).
+
+        The large arrays are the live buffers, not copies: save them before the next ``add``.
+        """
+        d: dict[str, np.ndarray | int] = {
+            "capacity": self.capacity,
+            "hist_len": self.hist_len,
+            "n_streams": self.n_streams,
+            "frames": self.frames,
+            "actions": self.actions,
+            "rewards": self.rewards,
+            "terminal": self.terminal,
+            "episode_end": self.episode_end,
+            "written": self.written.copy(),
+        }
+        if self.action_masks is not None:
+            d["action_masks"] = self.action_masks
+        state = self.rng.bit_generator.state
+        if state["bit_generator"] == "PCG64":
+            words = [state["state"]["state"], state["state"]["inc"]]
+            split = [w for x in words for w in (x >> 64, x & (2**64 - 1))]
+            # 64-bit words stored as int64 bit patterns (uint64 travels badly through torch.save)
+            d["rng_pcg64"] = np.array([*split, state["has_uint32"], state["uinteger"]], dtype=np.uint64).view(np.int64)
+        return d
+
+    def load_state_dict(self, d) -> None:
+        """Restore from ``state_dict()`` output (or the ``np.load`` of its ``np.savez``)."""
+        for key in ("capacity", "hist_len", "n_streams"):
+            if int(d[key]) != getattr(self, key):
+                raise ValueError(f"replay state has {key}={int(d[key])}, this memory has {getattr(self, key)}")
+        if ("action_masks" in d) != (self.action_masks is not None):
+            raise ValueError("replay state and this memory disagree on storing action masks")
+        names = ["frames", "actions", "rewards", "terminal", "episode_end", "written"]
+        if self.action_masks is not None:
+            names.append("action_masks")
+        for name in names:
+            src, dst = np.asarray(d[name]), getattr(self, name)
+            if src.shape != dst.shape or src.dtype != dst.dtype:
+                raise ValueError(
+                    f"replay state {name!r} is {src.dtype}{list(src.shape)}, expected {dst.dtype}{list(dst.shape)}"
+                )
+        for name in names:
+            np.copyto(getattr(self, name), np.asarray(d[name]))
+        if "rng_pcg64" in d:
+            w = [int(x) for x in np.asarray(d["rng_pcg64"], dtype=np.int64).view(np.uint64)]
+            self.rng = np.random.Generator(np.random.PCG64())
+            self.rng.bit_generator.state = {
+                "bit_generator": "PCG64",
+                "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]},
+                "has_uint32": w[4],
+                "uinteger": w[5],
+            }

@@ -1,0 +1,330 @@
+"""The training loop: env -> actor -> replay -> learner, with hooks for logging, evaluation, checkpoints.
+
+One *slot* is one agent seat in one env copy: it owns a recent history, a replay stream and the
+transition waiting for its successor. A *learner* (online/target network and optimizer) serves
+one agent (``sharing = "independent"``) or all of them (``"shared"``, fed by every agent's replay
+streams, told which agent it plays by the agent indicator). Steps count agent steps (see
+``madqn.config``); learning rounds and target syncs follow DQN3.0's ``perceive``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from madqn.actor import RecentHistory, epsilon_greedy, linear_epsilon
+from madqn.config import Config
+from madqn.env import make_env
+from madqn.errors import MadqnError
+from madqn.learner import Learner
+from madqn.networks import build_q_network
+from madqn.replay import ReplayMemory
+
+SHARED = "shared"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise MadqnError(f"device '{name}' requested but CUDA is not available (use --device cpu or auto)")
+    return torch.device(name)
+
+
+@dataclass
+class Slot:
+    """One agent seat in one env copy."""
+
+    env_index: int
+    agent: str
+    stream: int  # stream index inside its learner's replay memory
+    agent_id: int  # index of the agent in possible_agents (the agent indicator)
+    history: RecentHistory
+    pending: tuple[np.ndarray, int, Any] | None = None  # (frame, action, legal mask) awaiting reward and successor
+    reward: float = 0.0  # clipped reward accumulated for the pending transition
+    score: float = 0.0  # raw (unclipped) score of the current episode
+    length: int = 0  # agent steps in the current episode
+
+
+@dataclass
+class EpisodeRecord:
+    step: int
+    episode: int
+    env_index: int
+    scores: dict[str, float]
+    lengths: dict[str, int]
+    truncated: bool
+
+
+@dataclass
+class Group:
+    """A learner and the agents (slots) it serves."""
+
+    name: str
+    agents: list[str]
+    learner: Learner
+    replay: ReplayMemory
+    n_actions: int
+    stream_agent_ids: np.ndarray  # (n_streams,) agent id per replay stream
+    updates: int = 0
+    stats: list[dict[str, torch.Tensor]] = field(default_factory=list)
+
+
+class Hook:
+    """Override what you need; the trainer calls these in order of registration."""
+
+    def on_start(self, trainer: "Trainer") -> None: ...
+    def on_step(self, trainer: "Trainer") -> None: ...
+    def on_episode(self, trainer: "Trainer", record: EpisodeRecord) -> None: ...
+    def on_end(self, trainer: "Trainer") -> None: ...
+
+
+def clip_reward(r: float, lo: float, hi: float) -> float:
+    return min(max(float(r), lo), hi)
+
+
+class Trainer:
+    """Wires envs, actor, replay and learners for one run; ``run()`` trains ``config.steps`` agent steps."""
+
+    def __init__(self, config: Config, env: Any = None, hooks: Iterable[Hook] = ()):
+        self.config = config
+        self.hooks = list(hooks)
+        self.device = resolve_device(config.device)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        self.rng = np.random.default_rng(config.seed)
+        env_spec = config.env if env is None else env
+        self.envs = [make_env(env_spec, config, seed=config.seed + 1000 * i) for i in range(config.num_envs)]
+        first = self.envs[0]
+        self.agents = list(first.possible_agents)
+        self.step = 0
+        self.episodes = 0
+        self.start_time = time.time()
+        started = [env.reset() for env in self.envs]
+        self.has_masks = any("action_mask" in info for _, infos in started for info in infos.values())
+        self.groups = self._build_groups(first)
+        self.group_of = {a: g for g in self.groups for a in g.agents}
+        self.slots: dict[tuple[int, str], Slot] = {}
+        for g in self.groups:
+            for stream, (i, a) in enumerate((i, a) for a in g.agents for i in range(config.num_envs)):
+                space = first.observation_space(a)
+                self.slots[(i, a)] = Slot(i, a, stream, self.agents.index(a),
+                                          RecentHistory(config.hist_len, space.shape, space.dtype))
+        self.observations: list[dict[str, np.ndarray]] = [{} for _ in self.envs]
+        self.infos: list[dict[str, Any]] = [{} for _ in self.envs]
+        for i, (obs, infos) in enumerate(started):
+            self._begin_episode(i, obs, infos)
+        self.stop_requested = False
+
+    # ---- construction -----------------------------------------------------------------------
+    def _build_groups(self, env: Any) -> list[Group]:
+        c = self.config
+        if c.sharing == SHARED:
+            check_shared_spaces(env)
+            members = [(SHARED, self.agents)]
+        else:
+            members = [(a, [a]) for a in self.agents]
+        groups = []
+        for name, agents in members:
+            obs_space = env.observation_space(agents[0])
+            n_actions = int(env.action_space(agents[0]).n)
+            n_indicator = len(self.agents) if (c.sharing == SHARED and c.agent_indicator) else 0
+            network = build_q_network(tuple(obs_space.shape), n_actions, c.hist_len, n_indicator,
+                                      kind=c.network, hidden=tuple(c.mlp_hidden)).to(self.device)
+            learner = Learner(network, lr=c.lr, lr_end=c.lr_end, lr_endt=c.lr_endt, learn_start=c.learn_start,
+                              discount=c.discount, clip_delta=c.clip_delta, rescale_r=c.rescale_r, r_max=1.0,
+                              weight_cost=c.wc, device=self.device, decay=c.rmsprop_decay, eps=c.rmsprop_eps,
+                              use_target=c.target_q > 0)
+            replay = ReplayMemory(c.replay_memory, tuple(obs_space.shape), c.hist_len,
+                                  n_streams=len(agents) * c.num_envs, frame_dtype=obs_space.dtype,
+                                  n_actions=n_actions, store_action_masks=self.has_masks,
+                                  seed=int(self.rng.integers(2**31)))
+            ids = np.array([self.agents.index(a) for a in agents for _ in range(c.num_envs)], dtype=np.int64)
+            groups.append(Group(name, list(agents), learner, replay, n_actions, ids))
+        return groups
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def epsilon(self) -> float:
+        c = self.config
+        return linear_epsilon(self.step, ep_start=c.ep_start, ep_end=c.ep_end, ep_endt=c.ep_endt,
+                              learn_start=c.learn_start)
+
+    def run(self) -> None:
+        for h in self.hooks:
+            h.on_start(self)
+        try:
+            while self.step < self.config.steps and not self.stop_requested:
+                self.env_step()
+                for h in self.hooks:
+                    h.on_step(self)
+        finally:
+            for h in self.hooks:
+                h.on_end(self)
+
+    def env_step(self) -> None:
+        """One step of every env copy: act, store, learn (DQN3.0 perceive)."""
+        c = self.config
+        acting = [self.slots[(i, a)] for i, obs in enumerate(self.observations) for a in obs
+                  if a in self.envs[i].agents]
+        actions = self.act(acting, self.epsilon())
+        per_env: list[dict[str, int]] = [{} for _ in self.envs]
+        for slot, action in zip(acting, actions):
+            mask = self.infos[slot.env_index].get(slot.agent, {}).get("action_mask")
+            slot.pending = (self.observations[slot.env_index][slot.agent], int(action), mask)
+            slot.reward = 0.0
+            per_env[slot.env_index][slot.agent] = int(action)
+        prev = self.step
+        for i, env in enumerate(self.envs):
+            if per_env[i] or env.agents:
+                self._step_env(i, per_env[i])
+        self.step += len(self.envs)
+        if c.learn_start < self.step:
+            rounds = self.step // c.update_freq - max(prev, c.learn_start) // c.update_freq
+            for _ in range(rounds * c.n_replay):
+                self.learn()
+        if c.target_q > 0 and self.step // c.target_q > prev // c.target_q:
+            for g in self.groups:
+                g.learner.sync_target()
+
+    def act(self, slots: list[Slot], epsilon: float) -> np.ndarray:
+        """Epsilon-greedy actions for ``slots``, one batched forward per learner."""
+        actions = np.zeros(len(slots), dtype=np.int64)
+        for g in self.groups:
+            rows = [k for k, s in enumerate(slots) if s.agent in g.agents]
+            if not rows:
+                continue
+            members = [slots[k] for k in rows]
+            masks = self._masks(members, g.n_actions)
+
+            def q_fn(sel: np.ndarray, members=members, g=g) -> np.ndarray:
+                states = np.stack([members[k].history.state() for k in sel])
+                ids = torch.as_tensor([members[k].agent_id for k in sel], device=self.device)
+                q = g.learner.q_values(torch.as_tensor(states, device=self.device), ids)
+                return q.float().cpu().numpy()
+
+            actions[rows] = epsilon_greedy(q_fn, len(members), epsilon, self.rng, g.n_actions, masks)
+        return actions
+
+    def _masks(self, slots: list[Slot], n_actions: int) -> np.ndarray | None:
+        masks = [self.infos[s.env_index].get(s.agent, {}).get("action_mask") for s in slots]
+        if all(m is None for m in masks):
+            return None
+        return np.stack([np.ones(n_actions, bool) if m is None else np.asarray(m, bool) for m in masks])
+
+    def _step_env(self, i: int, actions: dict[str, int]) -> None:
+        c = self.config
+        env = self.envs[i]
+        obs, rewards, terms, truncs, infos = env.step(actions)
+        for agent, r in rewards.items():
+            slot = self.slots[(i, agent)]
+            slot.score += float(r)
+            if slot.pending is not None:
+                slot.reward += clip_reward(r, c.min_reward, c.max_reward)
+        for agent in actions:
+            self.slots[(i, agent)].length += 1
+        next_obs: dict[str, np.ndarray] = {}
+        for agent, o in obs.items():
+            slot = self.slots[(i, agent)]
+            done = bool(terms.get(agent, False) or truncs.get(agent, False))
+            life_lost = bool(infos.get(agent, {}).get("life_lost", False)) and c.terminal_on_life_loss
+            if slot.pending is not None:
+                self._store(slot)
+            if done or life_lost:
+                # the final frame closes the episode (for learning) in this stream
+                g = self.group_of[agent]
+                g.replay.add(slot.stream, o, 0, 0.0, bool(terms.get(agent, False)) or life_lost, True,
+                             **self._mask_kw(infos.get(agent, {}).get("action_mask")))
+                slot.history.reset()
+            if not done:
+                slot.history.push(o)
+                next_obs[agent] = o
+        self.observations[i] = next_obs
+        self.infos[i] = infos
+        if not env.agents:
+            self._end_episode(i, truncated=any(truncs.values()))
+            self._reset_env(i)
+
+    def _mask_kw(self, mask: Any) -> dict:
+        return {"action_mask": mask} if self.has_masks else {}
+
+    def _store(self, slot: Slot) -> None:
+        frame, action, mask = slot.pending
+        g = self.group_of[slot.agent]
+        g.learner.r_max = max(g.learner.r_max, slot.reward)  # DQN3.0: running max of the clipped reward
+        g.replay.add(slot.stream, frame, action, slot.reward, False, False, **self._mask_kw(mask))
+        slot.pending = None
+        slot.reward = 0.0
+
+    def _end_episode(self, i: int, truncated: bool) -> None:
+        slots = [self.slots[(i, a)] for a in self.agents]
+        self.episodes += 1
+        record = EpisodeRecord(self.step, self.episodes, i, {s.agent: s.score for s in slots},
+                               {s.agent: s.length for s in slots}, truncated)
+        for h in self.hooks:
+            h.on_episode(self, record)
+
+    def _reset_env(self, i: int) -> None:
+        for a in self.agents:
+            slot = self.slots[(i, a)]
+            if slot.pending is not None:  # an agent the env never finished: close its stream's episode
+                g = self.group_of[a]
+                g.replay.add(slot.stream, slot.pending[0], 0, 0.0, False, True, **self._mask_kw(slot.pending[2]))
+                slot.pending = None
+        self._begin_episode(i, *self.envs[i].reset())
+
+    def _begin_episode(self, i: int, obs: dict[str, np.ndarray], infos: dict[str, Any]) -> None:
+        for a in self.agents:
+            slot = self.slots[(i, a)]
+            slot.history.reset()
+            slot.score, slot.length, slot.reward = 0.0, 0, 0.0
+        for a, o in obs.items():
+            self.slots[(i, a)].history.push(o)
+        self.observations[i] = dict(obs)
+        self.infos[i] = infos
+
+    def learn(self) -> None:
+        c = self.config
+        for g in self.groups:
+            batch = g.replay.sample(c.minibatch_size)
+            dev = self.device
+            ids = torch.as_tensor(g.stream_agent_ids[batch.streams], device=dev)
+            stats = g.learner.update(
+                torch.as_tensor(batch.states, device=dev), torch.as_tensor(batch.actions, device=dev),
+                torch.as_tensor(batch.rewards, device=dev), torch.as_tensor(batch.next_states, device=dev),
+                torch.as_tensor(batch.terminals, device=dev), agent_ids=ids,
+                next_action_masks=None if batch.next_action_masks is None
+                else torch.as_tensor(batch.next_action_masks, device=dev),
+                step=self.step)
+            g.updates += 1
+            g.stats.append(stats)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def check_shared_spaces(env: Any) -> None:
+    """A shared network needs every agent to have the same observation and action spaces."""
+    agents = list(env.possible_agents)
+    ref = agents[0]
+    for a in agents[1:]:
+        o0, o1 = env.observation_space(ref), env.observation_space(a)
+        a0, a1 = env.action_space(ref), env.action_space(a)
+        if o0.shape != o1.shape or o0.dtype != o1.dtype:
+            raise MadqnError(f"sharing = shared needs equal observation spaces, but {ref} has {o0} and {a} has {o1}; "
+                             "use --sharing independent")
+        if a0 != a1:
+            raise MadqnError(f"sharing = shared needs equal action spaces, but {ref} has {a0} and {a} has {a1}; "
+                             "use --sharing independent")
+
+
+def default_run_dir(config: Config) -> Path:
+    env = config.env.replace("/", "_").replace(":", "_").replace(".py", "")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{env}-{config.sharing}-s{config.seed}-{stamp}"
