@@ -1,6 +1,7 @@
 """End-to-end: the CLI and the library train on the real pong_v3 emulator with real gradient updates."""
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.toml"
 
 
+def madqn_cmd(*args):
+    """Run the CLI from this checkout (not whichever madqn is installed)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return [sys.executable, "-m", "madqn", *args], env
+
+
 def read_csv(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
@@ -26,9 +33,9 @@ def read_csv(path):
 @pytest.mark.parametrize("sharing", ["shared", "independent"])
 def test_cli_train_pong_does_gradient_updates(tmp_path, sharing):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "madqn", "train", "--env", "pong_v3", "--config", str(SMOKE),
-           "--sharing", sharing, "--run-dir", str(run_dir), "--seed", "3"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    cmd, env = madqn_cmd("train", "--env", "pong_v3", "--config", str(SMOKE),
+                         "--sharing", sharing, "--run-dir", str(run_dir), "--seed", "3")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "done: 300 agent steps" in proc.stdout
     config = make_config(run_dir / "config.toml")

@@ -1,0 +1,18 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def madqn_cli():
+    """Build a command line that runs this checkout's ``madqn`` in a subprocess: ``cmd, env = madqn_cli(args...)``."""
+
+    def build(*args: str):
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        return [sys.executable, "-m", "madqn", *map(str, args)], env
+
+    return build
