@@ -156,7 +156,7 @@ class ProgressHook(Hook):
 
     def on_end(self, trainer: Trainer) -> None:
         if self.progress is not None:
-            self.progress.update(trainer.step)
+            self.progress.update(trainer.step, self.fields)
             self.progress.close(self.fields)
 
     def fields(self) -> dict[str, str]:

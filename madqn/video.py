@@ -4,7 +4,7 @@
 it plays whole episodes (one frame after reset, one per env step, as ``env.render()`` returns
 them; for Atari the newest RGB screen, i.e. one frame per agent step = 15 frames per emulated
 second) and writes ``.mp4`` (H.264 through imageio-ffmpeg) or ``.gif`` (pillow; keep GIFs short,
-pillow holds every frame until the file is closed). ``VideoWriter`` is the lower level: frames and
+every frame is held until the file is closed). ``VideoWriter`` is the lower level: frames and
 scores in, a captioned video out. ``VideoHook`` records one episode of the current networks every
 ``video_freq`` agent steps of training.
 """
@@ -64,6 +64,7 @@ class VideoWriter:
 
     def __init__(self, path: str | Path, agents: Sequence[str], fps: float = 15.0, scale: int | None = None):
         self.path = check_video_path(path)
+        self.line_type = cv2.LINE_8 if self.path.suffix.lower() == ".gif" else cv2.LINE_AA  # GIF: few exact colours
         self.agents = list(agents)
         self.fps = float(fps)
         self.scale = scale
@@ -109,7 +110,7 @@ class VideoWriter:
         for k, text in enumerate(texts):
             x = (k % self.per_line) * self.cell_w + 6
             y = (k // self.per_line + 1) * self.line_h - 7
-            cv2.putText(c, text, (x, y), FONT, self.font_scale, (255, 255, 255), 1, cv2.LINE_AA)
+            cv2.putText(c, text, (x, y), FONT, self.font_scale, (255, 255, 255), 1, self.line_type)
         self._writer.append_data(c)
         self.frames += 1
 
@@ -131,19 +132,36 @@ class VideoWriter:
 
 
 class _GifFile:
-    """GIF through imageio's pillow plugin, one frame at a time (pillow writes them all on close)."""
+    """GIF through pillow, all frames written on close (one byte per pixel is held meanwhile).
+
+    A frame with at most 256 colours (Atari screens have a handful; captions on GIFs are drawn
+    without anti-aliasing) gets an exact palette, so the GIF holds the rendered pixels unchanged;
+    richer frames are quantized (pillow's fast octree).
+    """
 
     def __init__(self, path: Path, fps: float):
-        import imageio.v3 as iio
-
-        self.file = iio.imopen(path, "w", plugin="pillow")
-        self.options = {"duration": 1000.0 / fps, "loop": 0}
+        self.path = path
+        self.duration_ms = 1000.0 / fps
+        self.images: list = []
 
     def append_data(self, frame: np.ndarray) -> None:
-        self.file.write(frame.copy(), is_batch=False, **self.options)
+        from PIL import Image
+
+        packed = (frame[:, :, 0].astype(np.uint32) << 16) | (frame[:, :, 1].astype(np.uint32) << 8) | frame[:, :, 2]
+        colours, index = np.unique(packed, return_inverse=True)
+        if colours.size <= 256:
+            image = Image.fromarray(index.reshape(packed.shape).astype(np.uint8), mode="P")
+            palette = np.stack([colours >> 16, (colours >> 8) & 255, colours & 255], axis=1).astype(np.uint8)
+            image.putpalette(palette.tobytes())
+        else:
+            image = Image.fromarray(frame).quantize(256, method=Image.Quantize.FASTOCTREE)
+        self.images.append(image)
 
     def close(self) -> None:
-        self.file.close()
+        if self.images:
+            self.images[0].save(self.path, save_all=True, append_images=self.images[1:], duration=self.duration_ms,
+                                loop=0, optimize=False)
+        self.images = []
 
 
 def _round_up(n: int) -> int:

@@ -258,13 +258,28 @@ def test_video_cli_records_episodes_with_the_expected_frame_count(trained, madqn
     assert len(video_frames(gif)) == 10
 
 
-def test_record_episodes_stops_at_the_end_of_each_episode(tmp_path):
-    """Episodes truncated by the env (max_cycles 12) end the recording's episode: 13 frames each."""
+class RenderLog:
+    """An env whose rendered screens are kept, to compare with what the video holds."""
+
+    def __init__(self, env):
+        self.env, self.screens = env, []
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def render(self):
+        self.screens.append(self.env.render().copy())
+        return self.screens[-1]
+
+
+def test_record_episodes_writes_every_rendered_screen_and_stops_at_episode_ends(tmp_path):
+    """Episodes truncated by the env (max_cycles 12) end the recording's episode: 13 frames each, and the
+    GIF (exact palette) holds every rendered screen, scaled x2 under the caption bar, in order."""
     from madqn.config import make_config
     from madqn.env import make_env
     from madqn.video import record_episodes
 
-    env = make_env("pong_v3", make_config(SMOKE, {"max_cycles": 12}), seed=0)
+    env = RenderLog(make_env("pong_v3", make_config(SMOKE, {"max_cycles": 12}), seed=0))
     rng = np.random.default_rng(0)
     resets = []
     try:
@@ -273,7 +288,15 @@ def test_record_episodes_stops_at_the_end_of_each_episode(tmp_path):
     finally:
         env.close()
     assert rec.frames == 3 * 13 and rec.episode_steps == [12, 12, 12] and len(resets) == 3
-    assert len(video_frames(tmp_path / "r.gif")) == 39
+    frames = video_frames(tmp_path / "r.gif")
+    assert len(frames) == len(env.screens) == 39
+    # the caption bar's height: where the first screen sits
+    bar = next(h for h in range(frames[0].shape[0] - 420 + 1)
+               if np.array_equal(frames[0][h:h + 420, :320, :3], np.repeat(np.repeat(env.screens[0], 2, 0), 2, 1)))
+    assert bar > 20
+    for frame, screen in zip(frames, env.screens):
+        assert np.array_equal(frame[bar:bar + 420, :320, :3], np.repeat(np.repeat(screen, 2, 0), 2, 1))
+    assert frames[0][:bar].max() == 255  # white caption text on the black bar
 
 
 def test_video_and_plot_errors_are_one_line(trained, madqn_cli, tmp_path, capsys):
