@@ -12,7 +12,10 @@ from madqn.checkpoint import atomic_save, trainer_state, replay_state
 from madqn.config import Config, make_config
 from madqn.errors import MadqnError
 from madqn.metrics import MetricsHook
+from madqn.progress import ProgressHook
 from madqn.runner import Hook, Trainer, default_run_dir
+from madqn.tensorboard import TensorBoardHook
+from madqn.video import VideoHook
 
 
 @dataclass
@@ -85,7 +88,9 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
     (run_dir / "config.toml").write_text(cfg.to_toml())
     metrics = MetricsHook(run_dir)
     checkpoints = CheckpointHook(run_dir)
-    trainer = Trainer(cfg, env, hooks=[metrics, checkpoints, *hooks])
+    # VideoHook first: it checks the env renders before the others open anything; all after metrics (its reports)
+    watch = [VideoHook(run_dir), ProgressHook(), TensorBoardHook(run_dir)]
+    trainer = Trainer(cfg, env, hooks=[metrics, checkpoints, *watch, *hooks])
     start = time.time()
     try:
         trainer.run()

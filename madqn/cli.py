@@ -47,6 +47,9 @@ def run_train(args: argparse.Namespace) -> int:
     result = train(args.env, args.config, run_dir=args.run_dir, force=args.force, **overrides)
     print(f"done: {result.steps} agent steps, {result.episodes} episodes, updates {result.updates}, "
           f"{result.wall_time:.1f} s; run directory {result.run_dir}")
+    from madqn.summary import format_summary, summarize_run
+
+    print(format_summary(summarize_run(result.run_dir, wall_time=result.wall_time)))
     return 0
 
 
@@ -74,3 +77,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+from madqn import cli_view  # noqa: E402,F401  (madqn plot, madqn video)

@@ -85,6 +85,8 @@ class Config:
     prog_freq: int = _f(10_000, "a progress line and a train.csv row every prog_freq agent steps [agent steps]", min=1)
     save_freq: int = _f(125_000, "checkpoint every save_freq agent steps and at the end [agent steps]", min=1)
     save_replay: bool = _f(False, "also checkpoint the replay memory (large: ~7 KB per transition per agent)")
+    video_freq: int = _f(0, "record a video of the agents playing (epsilon eval_ep) to videos/ every video_freq agent steps (0 = never) [agent steps]", min=0)
+    video_length: int = _f(2_000, "longest video episode (madqn video's default --max-steps too) [agent steps]", min=1)
 
     def __post_init__(self) -> None:
         self.validate()

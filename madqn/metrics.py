@@ -1,16 +1,17 @@
-"""Run metrics: CSV files are the source of truth; a progress line every ``prog_freq`` agent steps.
+"""Run metrics: CSV files are the source of truth.
 
 Files in the run directory:
 - ``episodes.csv``: one row per agent per finished episode (raw, unclipped score).
 - ``train.csv``: one row per learner every ``prog_freq`` agent steps (updates, mean |clipped delta|,
   mean Q(s,a), mean max Q_target(s2), epsilon, learning rate, agent steps/s).
+
+Each ``train.csv`` report is also published with ``Trainer.log_scalars`` (names in ``report``), which
+the progress display (``madqn.progress``) and TensorBoard (``madqn.tensorboard``) show.
 """
 
 from __future__ import annotations
 
 import csv
-import math
-import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -44,16 +45,11 @@ class CsvWriter:
         self.file.close()
 
 
-def _fmt(x: float) -> str:
-    return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
-
-
 class MetricsHook(Hook):
-    """Writes ``episodes.csv`` and ``train.csv`` and prints a progress line every ``prog_freq`` steps."""
+    """Writes ``episodes.csv`` and ``train.csv`` (every ``prog_freq`` steps) and publishes each report as scalars."""
 
-    def __init__(self, run_dir: Path, out: TextIO | None = None, window: int = 20):
+    def __init__(self, run_dir: Path, window: int = 20):
         self.run_dir = Path(run_dir)
-        self.out = sys.stdout if out is None else out
         self.recent = {}  # agent -> deque of recent raw scores
         self.window = window
         self.episodes: CsvWriter | None = None
@@ -66,6 +62,7 @@ class MetricsHook(Hook):
         self.train = CsvWriter(self.run_dir / "train.csv", TRAIN_FIELDS)
         self.recent = {a: deque(maxlen=self.window) for a in trainer.agents}
         self.last_step, self.last_time = trainer.step, time.time()
+        self.last_updates = {g.name: g.updates for g in trainer.groups}
         self.next_report = (trainer.step // trainer.config.prog_freq + 1) * trainer.config.prog_freq
 
     def on_episode(self, trainer: Trainer, record: EpisodeRecord) -> None:
@@ -91,11 +88,16 @@ class MetricsHook(Hook):
                 w.close()
 
     def report(self, trainer: Trainer) -> None:
+        """One train.csv row per learner, published as scalars: ``train/epsilon``, ``perf/env_steps_per_s``
+        (agent steps as ``madqn.config`` counts them), and per learner ``td_error/<learner>`` (mean
+        |clipped delta|), ``q_mean/``, ``q2_max/``, ``updates/``, ``perf/updates_per_s/``, ``train/lr/``,
+        ``replay_fill/`` (fraction of the learner's replay capacity in use)."""
         now = time.time()
-        sps = (trainer.step - self.last_step) / max(now - self.last_time, 1e-9)
+        elapsed = max(now - self.last_time, 1e-9)
+        sps = (trainer.step - self.last_step) / elapsed
         self.last_step, self.last_time = trainer.step, now
         eps = trainer.epsilon()
-        parts = [f"step {trainer.step}/{trainer.config.steps}", f"{sps:.0f} steps/s", f"eps {eps:.3f}"]
+        scalars = {"train/epsilon": eps, "perf/env_steps_per_s": sps}
         for g in trainer.groups:
             stats = summarize(g.stats)
             g.stats.clear()
@@ -104,11 +106,14 @@ class MetricsHook(Hook):
                               "abs_delta": stats["abs_delta"], "q_mean": stats["q_mean"], "q2_max": stats["q2_max"],
                               "epsilon": round(eps, 6), "lr": lr, "steps_per_s": round(sps, 2),
                               "replay_size": len(g.replay), "wall_time": round(now - trainer.start_time, 3)})
-            parts.append(f"{g.name}: updates {g.updates} |delta| {_fmt(stats['abs_delta'])} Q {_fmt(stats['q_mean'])}")
-        scores = " ".join(f"{a} {sum(d) / len(d):.2f}" for a, d in self.recent.items() if d)
-        if scores:
-            parts.append(f"score({self.window} ep) {scores}")
-        print(" | ".join(parts), file=self.out, flush=True)
+            updates_per_s = (g.updates - self.last_updates.get(g.name, g.updates)) / elapsed
+            self.last_updates[g.name] = g.updates
+            scalars.update({
+                f"td_error/{g.name}": stats["abs_delta"], f"q_mean/{g.name}": stats["q_mean"],
+                f"q2_max/{g.name}": stats["q2_max"], f"updates/{g.name}": g.updates,
+                f"perf/updates_per_s/{g.name}": updates_per_s, f"train/lr/{g.name}": lr,
+                f"replay_fill/{g.name}": len(g.replay) / (g.replay.capacity * g.replay.n_streams)})
+        trainer.log_scalars(scalars)
 
 
 def summarize(stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:

@@ -82,6 +82,7 @@ class Hook:
     def on_step(self, trainer: "Trainer") -> None: ...
     def on_episode(self, trainer: "Trainer", record: EpisodeRecord) -> None: ...
     def on_end(self, trainer: "Trainer") -> None: ...
+    def on_scalars(self, trainer: "Trainer", step: int, scalars: dict[str, float]) -> None: ...
 
 
 def clip_reward(r: float, lo: float, hi: float) -> float:
@@ -100,6 +101,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.rng = np.random.default_rng(config.seed)
         env_spec = config.env if env is None else env
+        self.env_spec = env_spec  # what make_env built the envs from (hooks may build more copies)
         self.envs = [make_env(env_spec, config, seed=config.seed + 1000 * i) for i in range(config.num_envs)]
         first = self.envs[0]
         self.agents = list(first.possible_agents)
@@ -191,6 +193,12 @@ class Trainer:
         if c.target_q > 0 and self.step // c.target_q > prev // c.target_q:
             for g in self.groups:
                 g.learner.sync_target()
+
+    def log_scalars(self, scalars: dict[str, float], step: int | None = None) -> None:
+        """Publish named scalars (TensorBoard-style tags, e.g. ``td_error/first_0``) to every hook's ``on_scalars``."""
+        step = self.step if step is None else int(step)
+        for h in self.hooks:
+            h.on_scalars(self, step, scalars)
 
     def act(self, slots: list[Slot], epsilon: float) -> np.ndarray:
         """Epsilon-greedy actions for ``slots``, one batched forward per learner."""

@@ -1,0 +1,113 @@
+"""``madqn plot`` (learning curves of run directories) and ``madqn video`` (trained agents playing)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from madqn.cli import command
+from madqn.errors import MadqnError
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size must look like 1200x450 (width x height in pixels), got {text!r}")
+    return w, h
+
+
+@command
+def _plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="plot learning curves (score vs agent steps, per agent) of run directories",
+                       description="Plot learning curves from the episodes.csv of each run: one panel per agent, "
+                                   "one colour per variant (runs that differ only in seed), smoothed; several seeds "
+                                   "of a variant are drawn as their mean with the spread shaded. A folder of runs "
+                                   "(e.g. runs/) stands for every run in it.")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (or folders of run directories)")
+    p.add_argument("--out", help="image file, .png (default RUN_DIR/plots/learning_curves.png for one run, "
+                                 "learning_curves.png for several), .svg or .pdf")
+    p.add_argument("--smooth", type=int, default=10, metavar="N", help="trailing mean over N episodes (default 10)")
+    p.add_argument("--band", choices=["minmax", "std"], default="minmax",
+                   help="shade across seeds: min..max (default) or mean +- std")
+    p.add_argument("--size", type=parse_size, default=(1200, 450), metavar="WxH", help="pixels (default 1200x450)")
+    p.add_argument("--dpi", type=int, default=100, help="dots per inch (default 100)")
+    p.add_argument("--title", help="figure title")
+    p.set_defaults(func=run_plot)
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    from madqn.plot import find_runs, group_variants, load_run, plot_learning_curves
+
+    if args.smooth < 1:
+        raise MadqnError(f"--smooth must be >= 1, got {args.smooth}")
+    runs = [load_run(r) for r in find_runs(args.runs)]
+    out = Path(args.out) if args.out else (
+        runs[0].run_dir / "plots" / "learning_curves.png" if len(runs) == 1 else Path("learning_curves.png"))
+    plot_learning_curves(runs, out, window=args.smooth, size=args.size, dpi=args.dpi, band=args.band,
+                         title=args.title)
+    print(f"wrote {out} ({args.size[0]}x{args.size[1]} px)")
+    for label, members in group_variants(runs):
+        print(f"  {label}: " + ", ".join(str(m.run_dir) for m in members))
+    return 0
+
+
+@command
+def _video(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("video", help="record trained agents playing to .mp4 or .gif",
+                       description="Load a run's checkpoint and record evaluation episodes (epsilon eval_ep, no "
+                                   "life-loss terminals, as DQN3.0 evaluates) with each agent's score as a caption.")
+    p.add_argument("run", metavar="RUN_DIR", help="run directory (its checkpoints/latest.pt) or a checkpoint file")
+    p.add_argument("--out", help="video file, .mp4 or .gif (default RUN_DIR/videos/eval.mp4)")
+    p.add_argument("--episodes", type=int, default=1, help="episodes to record (default 1)")
+    p.add_argument("--max-steps", type=int, help="cut each episode after this many steps (default: the run's video_length)")
+    p.add_argument("--eps", type=float, help="exploration epsilon (default: the run's eval_ep)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the env and the exploration (default 0)")
+    p.add_argument("--fps", type=float, help="frames per second (default: the env's render_fps, 15 for Atari)")
+    p.add_argument("--env", help="env spec to play in (default: the run's env)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.set_defaults(func=run_video)
+
+
+def run_video(args: argparse.Namespace) -> int:
+    from madqn.env import make_env
+    from madqn.playback import load_checkpoint, policy_from_checkpoint, resolve_checkpoint
+    from madqn.runner import resolve_device
+    from madqn.video import check_video_path, format_score, record_episodes
+
+    checkpoint = resolve_checkpoint(args.run)
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    out = check_video_path(args.out if args.out else run_dir / "videos" / "eval.mp4")
+    if args.episodes < 1:
+        raise MadqnError(f"--episodes must be >= 1, got {args.episodes}")
+    state, config = load_checkpoint(checkpoint)
+    if config.num_threads:
+        import torch
+
+        torch.set_num_threads(config.num_threads)
+    epsilon = config.eval_ep if args.eps is None else args.eps
+    if not 0.0 <= epsilon <= 1.0:
+        raise MadqnError(f"--eps must be in [0, 1], got {epsilon}")
+    max_steps = config.video_length if args.max_steps is None else args.max_steps
+    try:
+        env = make_env(args.env or config.env, config.replace(terminal_on_life_loss=False), seed=args.seed)
+    except MadqnError as e:
+        raise MadqnError(f"{e} (the run's env is '{config.env}'; pass --env SPEC to choose the env to play in)") from None
+    try:
+        policy = policy_from_checkpoint(state, config, env, epsilon, seed=args.seed,
+                                        device=resolve_device(args.device), where=str(checkpoint))
+        start = time.time()
+        recording = record_episodes(env, policy.act, out, args.episodes, max_steps, reset_fn=policy.reset,
+                                    fps=args.fps)
+    finally:
+        env.close()
+    print(f"wrote {out}: {recording.frames} frames, {args.episodes} episode(s) of {config.env} "
+          f"(checkpoint at step {state['step']}, epsilon {epsilon}), {time.time() - start:.1f} s")
+    agents = list(recording.episode_scores[0])
+    width = max(len(a) for a in agents)
+    print("  " + "episode".ljust(8) + "steps".rjust(7) + "".join(a.rjust(width + 2) for a in agents))
+    for i, (scores, steps) in enumerate(zip(recording.episode_scores, recording.episode_steps)):
+        print("  " + str(i + 1).ljust(8) + str(steps).rjust(7) + "".join(format_score(scores[a]).rjust(width + 2)
+                                                                          for a in agents))
+    return 0

@@ -1,0 +1,195 @@
+"""Learning curves from run directories: raw score per agent against agent steps, smoothed.
+
+Each run directory gives its ``episodes.csv`` (the source of truth) and ``config.toml``. Runs whose
+configs agree on everything except the seed (and bookkeeping keys such as ``device``, ``steps``
+or ``prog_freq``) are one *variant* (e.g. pong_v3 shared); a variant with several runs is drawn
+as the mean over its runs with the min..max (or mean +- std) band shaded, on the agent-step range
+all its runs reached. One panel per agent. Matplotlib's Agg canvas is used directly, so no display
+is needed and pyplot's global state is untouched.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from madqn.config import Config, load_toml, make_config
+from madqn.errors import ConfigError, MadqnError
+
+# Keys that do not change what is learned (or only how long): not part of a run's variant.
+BOOKKEEPING_KEYS = frozenset({"seed", "device", "num_threads", "steps", "prog_freq", "save_freq", "save_replay",
+                              "eval_freq", "eval_steps", "video_freq", "video_length"})
+BANDS = ("minmax", "std")
+
+
+@dataclass
+class RunCurves:
+    """The finished episodes of one run: per agent, (agent step at episode end, raw score) arrays."""
+
+    run_dir: Path
+    config: Config
+    curves: dict[str, tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def variant(self) -> tuple:
+        d = self.config.to_dict()
+        return tuple((k, repr(d[k])) for k in sorted(d) if k not in BOOKKEEPING_KEYS)
+
+
+def find_runs(paths: Iterable[str | Path]) -> list[Path]:
+    """Run directories among ``paths``; a folder without ``episodes.csv`` stands for the runs directly inside it."""
+    runs: list[Path] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise MadqnError(f"run directory not found: {p}")
+        if (p / "episodes.csv").is_file():
+            runs.append(p)
+            continue
+        inner = sorted(d for d in p.iterdir() if (d / "episodes.csv").is_file())
+        if not inner:
+            raise MadqnError(f"{p} is not a run directory (no episodes.csv) and holds none")
+        runs.extend(inner)
+    return runs
+
+
+def load_run(run_dir: str | Path) -> RunCurves:
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.toml").is_file():
+        raise MadqnError(f"{run_dir} has no config.toml: not a madqn run directory")
+    try:
+        config = make_config(None, load_toml(run_dir / "config.toml"))
+    except ConfigError as e:
+        raise MadqnError(f"{run_dir}: {e}") from None
+    steps: dict[str, list[int]] = {}
+    scores: dict[str, list[float]] = {}
+    try:
+        with open(run_dir / "episodes.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                steps.setdefault(row["agent"], []).append(int(row["step"]))
+                scores.setdefault(row["agent"], []).append(float(row["score"]))
+    except FileNotFoundError:
+        raise MadqnError(f"{run_dir} has no episodes.csv") from None
+    except (KeyError, ValueError, TypeError) as e:
+        raise MadqnError(f"{run_dir / 'episodes.csv'} is malformed ({type(e).__name__}: {e})") from None
+    curves = {a: (np.asarray(steps[a], np.int64), np.asarray(scores[a], np.float64)) for a in steps}
+    return RunCurves(run_dir, config, curves)
+
+
+def smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over the last ``window`` values (fewer at the start): point i averages values[max(0, i-w+1)..i]."""
+    values = np.asarray(values, np.float64)
+    if window <= 1 or values.size == 0:
+        return values.copy()
+    csum = np.concatenate([[0.0], np.cumsum(values)])
+    i = np.arange(1, values.size + 1)
+    lo = np.maximum(0, i - window)
+    return (csum[i] - csum[lo]) / (i - lo)
+
+
+def group_variants(runs: Sequence[RunCurves]) -> list[tuple[str, list[RunCurves]]]:
+    """Runs grouped by variant, in order of first appearance, each labelled ``env sharing`` (plus the
+    config keys that tell apart variants sharing env and sharing) and its run count."""
+    groups: dict[tuple, list[RunCurves]] = {}
+    for r in runs:
+        groups.setdefault(r.variant, []).append(r)
+    labels = []
+    variants = list(groups)
+    for key in variants:
+        c = groups[key][0].config
+        label = f"{c.env} {c.sharing}"
+        twins = [k for k in variants if k != key and dict(k)["env"] == dict(key)["env"]
+                 and dict(k)["sharing"] == dict(key)["sharing"]]
+        if twins:
+            differing = sorted({name for t in twins for (name, v) in key if dict(t).get(name) != v})
+            label += " " + " ".join(f"{n}={getattr(c, n)}" for n in differing)
+        n = len(groups[key])
+        label += f" ({n} seeds)" if n > 1 else f" (seed {c.seed})"
+        labels.append(label)
+    return list(zip(labels, groups.values()))
+
+
+def plot_learning_curves(runs: Sequence[str | Path | RunCurves], out_path: str | Path, *, window: int = 10,
+                         size: tuple[int, int] = (1200, 450), dpi: int = 100, band: str = "minmax",
+                         title: str | None = None) -> Path:
+    """Write ``learning_curves_figure(...)`` to ``out_path`` (.png, .svg or .pdf) at exactly ``size`` pixels."""
+    out_path = Path(out_path)
+    if out_path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise MadqnError(f"plot file {out_path} must end in .png, .svg or .pdf")
+    fig = learning_curves_figure(runs, window=window, size=size, dpi=dpi, band=band, title=title)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, dpi=dpi)
+    return out_path
+
+
+def learning_curves_figure(runs: Sequence[str | Path | RunCurves], *, window: int = 10,
+                           size: tuple[int, int] = (1200, 450), dpi: int = 100, band: str = "minmax",
+                           title: str | None = None):
+    """A matplotlib Figure of ``size`` = (width, height) pixels, one panel per agent: score vs agent steps.
+
+    Each variant is one colour: a single run as its raw scores (faint) and their ``window``-episode
+    trailing mean; several runs as the mean of their smoothed curves on 200 points of the common
+    step range with the ``band`` ("minmax" or "std") shaded.
+    """
+    from matplotlib.figure import Figure
+
+    if band not in BANDS:
+        raise MadqnError(f"band must be one of {', '.join(BANDS)}, got {band!r}")
+    if window < 1:
+        raise MadqnError(f"the smoothing window must be >= 1 episode, got {window}")
+    width, height = (int(v) for v in size)
+    if width < 100 or height < 100:
+        raise MadqnError(f"plot size must be at least 100x100 pixels, got {width}x{height}")
+    loaded = [r if isinstance(r, RunCurves) else load_run(r) for r in runs]
+    if not loaded:
+        raise MadqnError("no runs to plot")
+    agents: list[str] = []
+    for r in loaded:
+        agents += [a for a in r.curves if a not in agents]
+    if not agents:
+        raise MadqnError("no finished episodes yet in " + ", ".join(str(r.run_dir) for r in loaded))
+
+    fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, layout="constrained")
+    axes = fig.subplots(1, len(agents), squeeze=False, sharey=True)[0]
+    variants = group_variants(loaded)
+    for ax, agent in zip(axes, agents):
+        for i, (label, members) in enumerate(variants):
+            _draw_variant(ax, [m.curves[agent] for m in members if agent in m.curves], label, f"C{i % 10}",
+                          window, band)
+        ax.set_title(agent)
+        ax.set_xlabel("agent steps")
+        ax.grid(alpha=0.3)
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
+    axes[0].set_ylabel(f"score (raw, {window}-episode mean)" if window > 1 else "score (raw)")
+    axes[0].legend(loc="best", fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def _draw_variant(ax, curves: list[tuple[np.ndarray, np.ndarray]], label: str, colour: str, window: int,
+                  band: str) -> None:
+    if not curves:
+        return
+    marker = "o" if max(len(s) for s, _ in curves) == 1 else None
+    if len(curves) == 1:
+        steps, scores = curves[0]
+        if window > 1:
+            ax.plot(steps, scores, color=colour, alpha=0.25, linewidth=0.8)
+        ax.plot(steps, smooth(scores, window), color=colour, label=label, marker=marker)
+        return
+    lo = max(int(s[0]) for s, _ in curves)
+    hi = min(int(s[-1]) for s, _ in curves)
+    if lo >= hi:  # the runs share no step range: draw them one by one
+        for i, (steps, scores) in enumerate(curves):
+            ax.plot(steps, smooth(scores, window), color=colour, label=label if i == 0 else None, marker=marker)
+        return
+    grid = np.linspace(lo, hi, 200)
+    ys = np.stack([np.interp(grid, steps, smooth(scores, window)) for steps, scores in curves])
+    mean = ys.mean(0)
+    low, high = (ys.min(0), ys.max(0)) if band == "minmax" else (mean - ys.std(0), mean + ys.std(0))
+    ax.fill_between(grid, low, high, color=colour, alpha=0.2, linewidth=0)
+    ax.plot(grid, mean, color=colour, label=label)

@@ -1,0 +1,180 @@
+"""Progress on the terminal: a live tqdm bar on a TTY, plain log lines everywhere else.
+
+DQN3.0 printed a status line every ``prog_freq`` steps; that is what a log file or CI gets here
+(``step N/T (p%) | S steps/s | ETA h:mm:ss | field value | ...``). On a terminal the same numbers
+live in one tqdm bar (done/total, rate and ETA from tqdm, the fields as its postfix) instead.
+``Progress`` knows nothing about training, so evaluation and comparison loops can use it too;
+``ProgressHook`` feeds it from a ``Trainer``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections import deque
+from typing import Callable, Mapping, TextIO
+
+from madqn.runner import EpisodeRecord, Hook, Trainer
+
+Fields = Mapping[str, str]
+
+
+def format_duration(seconds: float) -> str:
+    """``h:mm:ss`` (``?`` when unknown)."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def format_number(x: float) -> str:
+    """Four significant digits; ``nan`` for a statistic with no data yet."""
+    return "nan" if x is None or not math.isfinite(x) else f"{x:.4g}"
+
+
+def _terminal_width(out: TextIO) -> int:
+    """Columns of the terminal behind ``out``; 0 when unknown (a pseudo-terminal nobody sized)."""
+    try:
+        return os.get_terminal_size(out.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
+class Progress:
+    """Progress of a counted loop (``done`` out of ``total`` steps).
+
+    ``update(done, fields)`` moves to ``done`` (absolute). On a terminal (``tty``; default: ``out``
+    is a TTY) a tqdm bar shows done/total, steps/s, ETA and ``fields`` as ``key=value``, refreshed
+    at most every ``refresh_s`` seconds. Otherwise one line per ``every`` steps (and a final one in
+    ``close``): done/total, steps/s since the previous line, ETA at the mean rate so far, then the
+    fields. ``fields`` may be a zero-argument callable, called only when something is shown.
+    """
+
+    def __init__(self, total: int, *, every: int, desc: str = "", initial: int = 0, unit: str = "step",
+                 out: TextIO | None = None, tty: bool | None = None, refresh_s: float = 0.5):
+        self.total = int(total)
+        self.every = max(int(every), 1)
+        self.desc = desc
+        self.unit = unit
+        self.out = sys.stdout if out is None else out
+        self.tty = bool(getattr(self.out, "isatty", lambda: False)()) if tty is None else tty
+        self.refresh_s = refresh_s
+        self.initial = self.done = self.shown = int(initial)
+        self.start = self.last_time = time.monotonic()
+        self.last_done = self.done
+        self.next_line = (self.done // self.every + 1) * self.every
+        self.bar = None
+        self.last_fields = -math.inf
+        if self.tty:
+            from tqdm import tqdm
+
+            width = _terminal_width(self.out)
+            self.bar = tqdm(total=self.total, initial=self.done, desc=desc or None, unit=unit, file=self.out,
+                            dynamic_ncols=width > 0, ncols=None if width > 0 else 120, nrows=None if width > 0 else 24,
+                            mininterval=refresh_s, smoothing=0.1)
+
+    def update(self, done: int, fields: Fields | Callable[[], Fields] | None = None) -> None:
+        self.done = int(done)
+        if self.bar is not None:
+            self.bar.update(self.done - self.bar.n)
+            now = time.monotonic()
+            if fields is not None and now - self.last_fields >= self.refresh_s:
+                self.last_fields = now
+                self.bar.set_postfix_str(self._postfix(fields), refresh=False)
+        elif self.done >= self.next_line:
+            self.print_line(fields)
+            self.next_line = (self.done // self.every + 1) * self.every
+
+    def print_line(self, fields: Fields | Callable[[], Fields] | None = None) -> None:
+        """Print the plain status line now (on a terminal: above the bar)."""
+        now = time.monotonic()
+        rate = (self.done - self.last_done) / max(now - self.last_time, 1e-9)
+        mean_rate = (self.done - self.initial) / max(now - self.start, 1e-9)
+        eta = (self.total - self.done) / mean_rate if mean_rate > 0 else math.inf
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        parts = [f"{self.desc + ' ' if self.desc else ''}{self.unit} {self.done}/{self.total} ({pct:.0f}%)",
+                 f"{rate:.0f} {self.unit}s/s", f"ETA {format_duration(eta)}"]
+        resolved = fields() if callable(fields) else (fields or {})
+        parts += [f"{k} {v}" for k, v in resolved.items()]
+        line = " | ".join(parts)
+        if self.bar is not None:
+            self.bar.write(line, file=self.out)
+        else:
+            print(line, file=self.out, flush=True)
+        self.last_done, self.last_time, self.shown = self.done, now, self.done
+
+    def close(self, fields: Fields | Callable[[], Fields] | None = None) -> None:
+        if self.bar is not None:
+            if fields is not None:
+                self.bar.set_postfix_str(self._postfix(fields), refresh=False)
+            self.bar.close()
+            self.bar = None
+        elif self.done > self.shown:
+            self.print_line(fields)
+
+    @staticmethod
+    def _postfix(fields: Fields | Callable[[], Fields]) -> str:
+        resolved = fields() if callable(fields) else fields
+        return " ".join(f"{k}={v}" for k, v in resolved.items())
+
+
+class ProgressHook(Hook):
+    """Training progress: agent steps done/total, steps/s, ETA, epsilon, learner updates, recent score per agent.
+
+    Plain lines (no TTY) come every ``prog_freq`` agent steps, as DQN3.0 printed them, and also show
+    each learner's mean |clipped delta| and Q(s, a) published by ``MetricsHook``'s report (register
+    this hook after it). ``window``: episodes in the recent mean score.
+    """
+
+    def __init__(self, out: TextIO | None = None, tty: bool | None = None, window: int = 20):
+        self.out, self.tty, self.window = out, tty, window
+        self.progress: Progress | None = None
+        self.recent: dict[str, deque] = {}
+        self.learner_stats: dict[str, dict[str, float]] = {}
+
+    def on_start(self, trainer: Trainer) -> None:
+        c = trainer.config
+        self.recent = {a: deque(maxlen=self.window) for a in trainer.agents}
+        self.trainer = trainer
+        self.progress = Progress(c.steps, every=c.prog_freq, initial=trainer.step, out=self.out, tty=self.tty,
+                                 desc="train")
+
+    def on_episode(self, trainer: Trainer, record: EpisodeRecord) -> None:
+        for agent, score in record.scores.items():
+            self.recent[agent].append(score)
+
+    def on_scalars(self, trainer: Trainer, step: int, scalars: dict[str, float]) -> None:
+        for g in trainer.groups:
+            for key, label in (("td_error", "td_error"), ("q_mean", "Q")):
+                if f"{key}/{g.name}" in scalars:
+                    self.learner_stats.setdefault(g.name, {})[label] = scalars[f"{key}/{g.name}"]
+
+    def on_step(self, trainer: Trainer) -> None:
+        self.progress.update(trainer.step, self.fields)
+
+    def on_end(self, trainer: Trainer) -> None:
+        if self.progress is not None:
+            self.progress.update(trainer.step, self.fields)
+            self.progress.close(self.fields)
+
+    def fields(self) -> dict[str, str]:
+        t = self.trainer
+        out = {"eps": f"{t.epsilon():.3f}"}
+        counts = [g.updates for g in t.groups]
+        scores = {a: sum(d) / len(d) for a, d in self.recent.items() if d}
+        if self.progress.tty:  # compact, for the bar
+            same = len(set(counts)) == 1
+            out["updates"] = (f"{counts[0]}" + (f"x{len(counts)}" if len(counts) > 1 else "")) if same \
+                else "/".join(map(str, counts))
+            out.update({a: f"{s:.2f}" for a, s in scores.items()})
+            return out
+        for g in t.groups:
+            stats = self.learner_stats.get(g.name, {})
+            out[f"{g.name}: updates"] = f"{g.updates}" + "".join(
+                f" {label} {format_number(v)}" for label, v in stats.items())
+        if scores:
+            out[f"score({self.window} ep)"] = " ".join(f"{a} {s:.2f}" for a, s in scores.items())
+        return out
+
