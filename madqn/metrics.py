@@ -65,6 +65,9 @@ class MetricsHook(Hook):
         self.episodes = CsvWriter(self.run_dir / "episodes.csv", EPISODE_FIELDS)
         self.train = CsvWriter(self.run_dir / "train.csv", TRAIN_FIELDS)
         self.recent = {a: deque(maxlen=self.window) for a in trainer.agents}
+        for row in read_rows(self.run_dir / "episodes.csv"):  # a resumed run: its earlier episodes
+            if row.get("agent") in self.recent:
+                self.recent[row["agent"]].append(float(row["score"]))
         self.last_step, self.last_time = trainer.step, time.time()
         self.next_report = (trainer.step // trainer.config.prog_freq + 1) * trainer.config.prog_freq
 
@@ -85,12 +88,14 @@ class MetricsHook(Hook):
 
     def on_end(self, trainer: Trainer) -> None:
         if trainer.step > self.last_step:
-            self.report(trainer)
+            # keep the statistics: a checkpoint written after this row carries them into a resumed
+            # run, whose next regular row then covers the whole prog_freq interval
+            self.report(trainer, clear=False)
         for w in (self.episodes, self.train):
             if w is not None:
                 w.close()
 
-    def report(self, trainer: Trainer) -> None:
+    def report(self, trainer: Trainer, clear: bool = True) -> None:
         now = time.time()
         sps = (trainer.step - self.last_step) / max(now - self.last_time, 1e-9)
         self.last_step, self.last_time = trainer.step, now
@@ -98,7 +103,8 @@ class MetricsHook(Hook):
         parts = [f"step {trainer.step}/{trainer.config.steps}", f"{sps:.0f} steps/s", f"eps {eps:.3f}"]
         for g in trainer.groups:
             stats = summarize(g.stats)
-            g.stats.clear()
+            if clear:
+                g.stats.clear()
             lr = g.learner.optimizer.param_groups[0]["lr"]
             self.train.write({"step": trainer.step, "learner": g.name, "updates": g.updates,
                               "abs_delta": stats["abs_delta"], "q_mean": stats["q_mean"], "q2_max": stats["q2_max"],
@@ -109,6 +115,14 @@ class MetricsHook(Hook):
         if scores:
             parts.append(f"score({self.window} ep) {scores}")
         print(" | ".join(parts), file=self.out, flush=True)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a metrics CSV (none if it does not exist yet)."""
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def summarize(stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:
