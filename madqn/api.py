@@ -132,7 +132,7 @@ class StopOnSignal:
         if self.received is None:
             self.received = name
             self.trainer.stop_requested = True
-            print(f"madqn: {name} received: stopping after step {self.trainer.step + 1} and writing a checkpoint "
+            print(f"madqn: {name} received: finishing the current step, then writing a checkpoint "
                   "(send it again to exit at once)", file=sys.stderr, flush=True)
             return
         print(f"madqn: second {name}: exiting now without a new checkpoint; the last complete one is kept",
@@ -208,7 +208,7 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
     gracefully (main thread only). Raises :class:`MadqnError` on bad input, on a diverged run
     (NaN/Inf) and on a failed checkpoint write.
     """
-    state = None
+    state, resumed_from = None, None
     if resume is not None:
         if force:
             raise MadqnError("--resume continues a run and --force overwrites one; pass only one of them")
@@ -240,7 +240,8 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
     try:
         if state is not None:
             _restore(trainer, state, ckpt_path, run_dir_path)
-            checkpoints.saved_step = trainer.step
+            checkpoints.saved_step = resumed_from = trainer.step
+            del state  # the networks now live in the trainer
         else:
             prepare_run_dir(run_dir_path, force)
         atomic_write_text(run_dir_path / "config.toml", cfg.to_toml())
@@ -258,7 +259,7 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
         checkpoint=checkpoints.path,
         recent_scores={a: sum(d) / len(d) for a, d in metrics.recent.items() if d},
         stopped_by=stop.received if trainer.step < cfg.steps else None,
-        resumed_from=None if state is None else int(state["step"]))
+        resumed_from=resumed_from)
 
 
 class _NoSignals:
@@ -287,7 +288,7 @@ def _restore(trainer: Trainer, state: dict[str, Any], ckpt_path: Path, run_dir: 
     replay_path = ckpt_path.parent / REPLAY
     note = ""
     if replay_path.is_file():
-        replay = safe_load(replay_path, kind=REPLAY_KIND)
+        replay = safe_load(replay_path, kind=REPLAY_KIND, mmap=True)
         if int(replay["step"]) == step:
             restore_replay(trainer, replay, replay_path)
             if not exact:
@@ -304,6 +305,6 @@ def _restore(trainer: Trainer, state: dict[str, Any], ckpt_path: Path, run_dir: 
     else:
         memory = "replay memory restored"
     episodes = "episodes continue" if exact else "the env cannot save its state: fresh episodes start"
-    for name in ("episodes.csv", "train.csv"):
-        truncate_csv(run_dir / name, step)
+    truncate_csv(run_dir / "train.csv", "step", step)
+    truncate_csv(run_dir / "episodes.csv", "episode", int(state["episodes"]))
     print(f"resuming {run_dir} at step {step}: {memory}; {episodes}", flush=True)

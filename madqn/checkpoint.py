@@ -117,8 +117,12 @@ def remove_temporaries(directory: Path) -> None:
 
 # ---- loading ------------------------------------------------------------------------------------
 
-def safe_load(path: Path, kind: str = TRAINER_KIND, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a madqn checkpoint file without unpickling code; ``CheckpointError`` with one clear line otherwise."""
+def safe_load(path: Path, kind: str = TRAINER_KIND, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Load a madqn checkpoint file without unpickling code; ``CheckpointError`` with one clear line otherwise.
+
+    ``mmap``: tensors stay backed by the file (the replay memory is copied into place without
+    holding a second copy in RAM).
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -131,7 +135,7 @@ def safe_load(path: Path, kind: str = TRAINER_KIND, map_location: Any = "cpu") -
     if damaged is not None:
         raise CheckpointError(f"refusing to load {path}: the file is corrupt (checksum mismatch in {damaged})")
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # pickle.UnpicklingError (code or foreign objects), RuntimeError, ...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"refusing to load {path}: it holds more than tensors and plain values, which madqn "
@@ -357,11 +361,14 @@ def restore_replay(trainer: Any, state: dict[str, Any], path: Path) -> None:
 
 # ---- metrics files ------------------------------------------------------------------------------
 
-def truncate_csv(path: Path, max_step: int) -> int:
-    """Rewrite a metrics CSV keeping the header and the complete rows with step <= max_step; atomic.
+def truncate_csv(path: Path, column: str, max_value: int) -> int:
+    """Rewrite a metrics CSV keeping the header and the complete rows with ``column`` <= max_value; atomic.
 
-    A resumed run appends from its checkpoint's step, so rows the interrupted run wrote after that
-    checkpoint would otherwise be duplicated. Returns the number of rows dropped.
+    A resumed run appends from its checkpoint, so rows the interrupted run wrote after that
+    checkpoint would otherwise be duplicated: train.csv is cut at the checkpoint's step (its rows
+    are written before the checkpoint of the same step), episodes.csv at the checkpoint's episode
+    count (an episode row carries the step at which its last step began, which can equal the
+    checkpoint's step while the episode ended after it). Returns the number of rows dropped.
     """
     path = Path(path)
     if not path.is_file():
@@ -370,12 +377,13 @@ def truncate_csv(path: Path, max_step: int) -> int:
         reader = csv.reader(f)
         header = next(reader, None)
         rows = list(reader)
-    if header is None:
+    if header is None or column not in header:
         return 0
+    index = header.index(column)
     keep = []
     for row in rows:
         try:
-            complete = len(row) == len(header) and int(row[header.index("step")]) <= max_step
+            complete = len(row) == len(header) and int(row[index]) <= max_value
         except ValueError:
             complete = False
         if complete:

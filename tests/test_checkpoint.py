@@ -63,12 +63,13 @@ def write_csv(path, rows):
 def test_truncate_csv_keeps_complete_rows_up_to_the_step(tmp_path):
     path = tmp_path / "train.csv"
     write_csv(path, ["100,a,1\r\n", "200,a,2\r\n", "200,b,2\r\n", "300,a,3\r\n", "400,a"])  # last row half-written
-    assert truncate_csv(path, 200) == 2
+    assert truncate_csv(path, "step", 200) == 2
     with open(path, newline="") as f:
         assert list(csv.reader(f)) == [["step", "learner", "updates"], ["100", "a", "1"], ["200", "a", "2"],
                                        ["200", "b", "2"]]
-    assert truncate_csv(path, 200) == 0
-    assert truncate_csv(tmp_path / "missing.csv", 5) == 0
+    assert truncate_csv(path, "step", 200) == 0
+    assert truncate_csv(path, "updates", 1) == 2
+    assert truncate_csv(tmp_path / "missing.csv", "step", 5) == 0
 
 
 class Countdown(ParallelEnv):

@@ -164,6 +164,24 @@ def test_kill_9_while_writing_a_checkpoint_keeps_the_previous_one(madqn_cli, tmp
     assert_metrics_continuous(run, 300, ["first_0", "second_0"])
 
 
+def test_episode_ending_right_after_the_checkpoint_is_reported_once(tmp_path, monkeypatch):
+    """An episode row carries the step its last step began at: with a checkpoint at step 149 the
+    episode ending in step 149 -> 150 has step 149 but is not in the checkpoint (trimmed by episode)."""
+    import madqn.checkpoint
+
+    run = tmp_path / "run"
+    monkeypatch.setenv("MADQN_FAULT", "checkpoint_write:2:enospc")  # the final checkpoint (step 160) fails
+    monkeypatch.setattr(madqn.checkpoint, "_checkpoint_writes", 0)
+    with pytest.raises(MadqnError, match="cannot write the checkpoint of step 160"):
+        madqn.train("pong_v3", SMOKE, run_dir=run, steps=160, save_freq=149, num_threads=1, handle_signals=False)
+    assert latest(run)["step"] == 149 and latest(run)["episodes"] == 0
+    assert [(r["step"], r["episode"]) for r in read_csv(run / "episodes.csv")] == [("149", "1")] * 2
+    monkeypatch.delenv("MADQN_FAULT")
+    madqn.train(resume=run, handle_signals=False)
+    assert [(r["step"], r["episode"]) for r in read_csv(run / "episodes.csv")] == [("149", "1")] * 2
+    assert latest(run)["episodes"] == 1
+
+
 # ---- signals ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -175,7 +193,7 @@ def test_signal_stops_with_checkpoint_and_resume_line(madqn_cli, tmp_path, sig):
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    assert f"{sig.name} received: stopping after step" in err
+    assert f"{sig.name} received: finishing the current step, then writing a checkpoint" in err
     last = out.strip().splitlines()[-1]
     assert last.startswith(f"stopped by {sig.name} at step ")
     assert last.endswith(f"resume with: madqn train --resume {run}")
