@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable
 
+from madqn.atari import ATARI_GAMES
 from madqn.checkpoint import (LATEST, REPLAY, REPLAY_KIND, atomic_save, atomic_write_text,
                               close_interrupted_episodes, load_run_checkpoint, remove_temporaries, replay_state,
                               restore_replay, restore_trainer, safe_load, trainer_state, truncate_csv)
@@ -93,11 +94,9 @@ class CheckpointHook(Hook):
             if trainer.config.save_replay:
                 atomic_save(replay_state(trainer), self.dir / REPLAY)
             atomic_save(trainer_state(trainer), self.path)
-        except OSError as e:
-            kept = (f"the checkpoint of step {self.saved_step} is intact" if self.saved_step is not None
-                    else "no checkpoint was written")
+        except OSError as e:  # the previous checkpoint files are untouched (atomic_save)
             self.error = CheckpointError(f"cannot write the checkpoint of step {trainer.step} to {self.dir}: "
-                                         f"{e.strerror or e}; {kept}")
+                                         f"{e.strerror or e}")
             trainer.stop_requested = True
             return
         self.saved_step = trainer.step
@@ -220,6 +219,9 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
             overrides = {**overrides, "env": env}
             env = None
         cfg = resume_config(state["config"], config, overrides, ckpt_path)
+        if env is None and ":" not in cfg.env and cfg.env not in ATARI_GAMES:
+            raise MadqnError(f"run {run_dir_path} trained on an env object given in Python ({cfg.env}); "
+                             "pass it again: madqn.train(env, resume=...)")
         if cfg.steps <= state["step"]:
             raise MadqnError(f"run {run_dir_path} already reached step {state['step']} of steps = {cfg.steps}; "
                              f"pass --steps N with N > {state['step']} to train longer")
@@ -275,7 +277,7 @@ class _NoSignals:
 def _next_steps(checkpoints: CheckpointHook, run_dir: Path, error: MadqnError) -> str:
     if checkpoints.saved_step is None:
         return "no checkpoint was written"
-    where = f"the last good checkpoint ({checkpoints.path}, step {checkpoints.saved_step}) was kept"
+    where = f"the last good checkpoint ({checkpoints.path}, step {checkpoints.saved_step}) is intact"
     if isinstance(error, NonFiniteError):
         return where
     return f"{where}; fix the cause, then resume with: {resume_command(run_dir)}"

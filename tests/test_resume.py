@@ -236,7 +236,7 @@ def test_full_disk_at_checkpoint_time_stops_and_keeps_the_previous_checkpoint(ma
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in proc.stderr
     assert err[0].startswith("madqn: error: cannot write the checkpoint of step 200")
-    assert "No space left on device" in err[0] and "the checkpoint of step 100 is intact" in err[0]
+    assert "No space left on device; the last good checkpoint (" in err[0] and "step 100) is intact" in err[0]
     assert err[0].endswith(f"resume with: madqn train --resume {run}")
     assert latest(run)["step"] == 100
     assert not list((run / "checkpoints").glob(".*tmp*"))
@@ -253,7 +253,7 @@ def test_nan_guard_names_step_and_learner_and_keeps_last_good_checkpoint(madqn_c
     assert len(err) == 1 and "Traceback" not in proc.stderr
     assert err[0].startswith("madqn: error: NaN/Inf at step 150: ")
     assert "of the learner of agent first_0 became NaN/Inf (all finite at step 100); training stopped" in err[0]
-    assert "the last good checkpoint" in err[0] and "step 100) was kept" in err[0]
+    assert err[0].endswith(f"the last good checkpoint ({run / 'checkpoints' / 'latest.pt'}, step 100) is intact")
     state = latest(run)
     assert state["step"] == 100
     assert all(torch.isfinite(t).all() for g in state["groups"].values() for t in g["learner"]["online"].values())
