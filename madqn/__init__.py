@@ -4,11 +4,12 @@ Data flows env -> actor -> replay -> learner; see docs/architecture.md.
 """
 
 from madqn.config import Config, make_config
-from madqn.errors import CheckpointError, ConfigError, MadqnError
+from madqn.errors import CheckpointError, ConfigError, MadqnError, NonFiniteError
 from madqn.learner import DQN3RMSprop, Learner, q_targets
 from madqn.api import RunResult, train
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "make_config", "MadqnError", "ConfigError", "CheckpointError", "DQN3RMSprop", "Learner",
+__all__ = ["Config", "make_config", "MadqnError", "ConfigError", "CheckpointError", "NonFiniteError",
+           "DQN3RMSprop", "Learner",
            "q_targets", "RunResult", "train", "__version__"]

@@ -1,21 +1,42 @@
-"""Library entry point: ``madqn.train(env, config, run_dir=...)`` returns a :class:`RunResult`."""
+"""Library entry point: ``madqn.train(env, config, run_dir=...)`` returns a :class:`RunResult`.
+
+``madqn.train(resume=RUN_DIR)`` continues a run from ``RUN_DIR/checkpoints/latest.pt`` with the
+config saved in it: step counters, schedules and metrics files go on without gaps or repeated rows.
+With ``save_replay = true`` the replay memory is restored and learning continues at once; without
+it the memory refills for ``learn_start`` agent steps (acting with the restored network, epsilon
+following its schedule) before learning resumes. SIGINT/SIGTERM stop a run after the current step
+with a checkpoint; a second signal exits at once, leaving the last complete checkpoint intact.
+"""
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
+import signal
+import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable
 
-from madqn.checkpoint import atomic_save, trainer_state, replay_state
-from madqn.config import Config, make_config
-from madqn.errors import MadqnError
+from madqn.atari import ATARI_GAMES
+from madqn.checkpoint import (LATEST, REPLAY, REPLAY_KIND, atomic_save, atomic_write_text,
+                              close_interrupted_episodes, load_run_checkpoint, remove_temporaries, replay_state,
+                              restore_replay, restore_trainer, safe_load, trainer_state, truncate_csv)
+from madqn.config import Config, _check_keys, load_toml, make_config
+from madqn.errors import CheckpointError, ConfigError, MadqnError, NonFiniteError
+from madqn.guard import NumericsGuard
 from madqn.metrics import MetricsHook
 from madqn.progress import ProgressHook
 from madqn.runner import Hook, Trainer, default_run_dir
 from madqn.tensorboard import TensorBoardHook
 from madqn.video import VideoHook
+
+# Config keys a resumed run may change: they do not alter what was learned or how the saved state is read.
+RESUME_SAFE_KEYS = ("steps", "device", "num_threads", "prog_freq", "save_freq", "save_replay",
+                    "eval_freq", "eval_steps", "eval_ep")
 
 
 @dataclass
@@ -24,19 +45,39 @@ class RunResult:
     steps: int
     episodes: int
     updates: dict[str, int]  # learner name -> gradient updates done
-    wall_time: float  # seconds
+    wall_time: float  # seconds (this process)
     checkpoint: Path
     recent_scores: dict[str, float]  # agent -> mean raw score over its last (up to 20) training episodes
+    stopped_by: str | None = None  # "SIGINT"/"SIGTERM" when a signal stopped the run before config.steps
+    resumed_from: int | None = None  # step of the checkpoint this run continued from
+
+
+def resume_command(run_dir: Path) -> str:
+    return f"madqn train --resume {shlex.quote(str(run_dir))}"
 
 
 class CheckpointHook(Hook):
-    """Saves ``checkpoints/latest.pt`` every ``save_freq`` agent steps and at the end of the run."""
+    """Saves ``checkpoints/latest.pt`` (and ``replay.pt`` with ``save_replay``) every ``save_freq``
+    agent steps and at the end of the run.
 
-    def __init__(self, run_dir: Path):
+    Never saves weights the guard finds non-finite, nor the state of a run that ended by an
+    exception (it may be mid-step). A failed write (full disk) leaves the previous checkpoint in
+    place, records ``error`` and stops the run after the current step.
+    """
+
+    def __init__(self, run_dir: Path, guard: NumericsGuard | None = None):
         self.dir = Path(run_dir) / "checkpoints"
+        self.guard = guard
+        self.error: CheckpointError | None = None
+        self.saved_step: int | None = None  # step of the newest complete checkpoint
+
+    @property
+    def path(self) -> Path:
+        return self.dir / LATEST
 
     def on_start(self, trainer: Trainer) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        remove_temporaries(self.dir)
         self.next_save = (trainer.step // trainer.config.save_freq + 1) * trainer.config.save_freq
 
     def on_step(self, trainer: Trainer) -> None:
@@ -45,59 +86,232 @@ class CheckpointHook(Hook):
             self.next_save = (trainer.step // trainer.config.save_freq + 1) * trainer.config.save_freq
 
     def on_end(self, trainer: Trainer) -> None:
+        if trainer.failed or self.error is not None or trainer.step == self.saved_step:
+            return
         self.save(trainer)
 
     def save(self, trainer: Trainer) -> None:
-        if trainer.config.save_replay:
-            atomic_save(replay_state(trainer), self.dir / "replay.pt")
-        atomic_save(trainer_state(trainer), self.dir / "latest.pt")
+        if self.error is not None or (self.guard is not None and not self.guard.check(trainer)):
+            return
+        try:
+            if trainer.config.save_replay:
+                atomic_save(replay_state(trainer), self.dir / REPLAY)
+            atomic_save(trainer_state(trainer), self.path)
+        except OSError as e:  # the previous checkpoint files are untouched (atomic_save)
+            self.error = CheckpointError(f"cannot write the checkpoint of step {trainer.step} to {self.dir}: "
+                                         f"{e.strerror or e}")
+            trainer.stop_requested = True
+            return
+        self.saved_step = trainer.step
+
+
+class StopOnSignal:
+    """SIGINT/SIGTERM: the first asks the trainer to stop after the current step (the hooks then
+    write a checkpoint and flush the metrics); a second exits at once with 128 + signal number.
+    Checkpoints are written atomically, so exiting mid-write keeps the last complete one.
+    Installed only in the main thread; the previous handlers come back on exit.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+        self.received: str | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopOnSignal":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def handle(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.received is None:
+            self.received = name
+            self.trainer.stop_requested = True
+            print(f"madqn: {name} received: finishing the current step, then writing a checkpoint "
+                  "(send it again to exit at once)", file=sys.stderr, flush=True)
+            return
+        print(f"madqn: second {name}: exiting now without a new checkpoint; the last complete one is kept",
+              file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+
+def check_run_dir(run_dir: Path, force: bool) -> None:
+    """Refuse a run directory that already holds something unless ``force``."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise MadqnError(f"run directory {run_dir} exists and is not a directory")
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not force:
+        raise MadqnError(f"run directory {run_dir} already exists; use --resume {run_dir} to continue it "
+                         "or --force to overwrite it")
 
 
 def prepare_run_dir(run_dir: Path, force: bool) -> Path:
     run_dir = Path(run_dir)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not force:
-            raise MadqnError(f"run directory {run_dir} already exists; use --resume {run_dir} to continue it "
-                             "or --force to overwrite it")
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_run_dir(run_dir, force)
+    try:
+        if run_dir.is_dir() and any(run_dir.iterdir()):
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MadqnError(f"cannot create run directory {run_dir}: {e.strerror or e}") from None
     return run_dir
 
 
 def resolve_config(config: Config | str | Path | None, overrides: dict[str, Any]) -> Config:
     if isinstance(config, Config):
-        return config.replace(**overrides) if overrides else config
+        try:
+            return config.replace(**overrides) if overrides else config
+        except TypeError as e:
+            raise ConfigError(str(e)) from None
     return make_config(config, overrides)
 
 
+def resume_config(saved: dict[str, Any], config: Config | str | Path | None, overrides: dict[str, Any],
+                  path: Path) -> Config:
+    """The saved config with the requested changes, refusing changes that are not resume-safe."""
+    try:
+        base = Config(**saved)
+    except (ConfigError, TypeError) as e:
+        raise CheckpointError(f"{path}: the config saved in the checkpoint is not valid here ({e})") from None
+    requested: dict[str, Any] = {}
+    if isinstance(config, Config):
+        requested.update(config.to_dict())
+    elif config is not None:
+        requested.update(load_toml(config))
+    _check_keys(overrides, "overrides")
+    requested.update(overrides)
+    wanted = resolve_config(base, requested)
+    changed = [f.name for f in fields(Config) if getattr(wanted, f.name) != getattr(base, f.name)]
+    unsafe = [k for k in changed if k not in RESUME_SAFE_KEYS]
+    if unsafe:
+        k = unsafe[0]
+        raise ConfigError(f"cannot change '{k}' when resuming (the run has {k} = {getattr(base, k)!r}, requested "
+                          f"{getattr(wanted, k)!r}); only {', '.join(RESUME_SAFE_KEYS)} may change; "
+                          "start a new run for other changes")
+    return wanted
+
+
 def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir: str | Path | None = None,
-          force: bool = False, hooks: Iterable[Hook] = (), **overrides: Any) -> RunResult:
-    """Train DQN3.0 agents.
+          resume: str | Path | None = None, force: bool = False, hooks: Iterable[Hook] = (),
+          handle_signals: bool = True, **overrides: Any) -> RunResult:
+    """Train DQN3.0 agents, or continue a run with ``resume=RUN_DIR``.
 
     ``env``: a spec string (``pong_v3``, ``pkg.mod:fn``, ``file.py:fn``), a zero-argument callable
     returning a PettingZoo env, or a PettingZoo env; None uses ``config.env``. ``config``: a
     :class:`Config`, a TOML path or None (DQN3.0 defaults); keyword overrides set config fields.
+    When resuming, the config comes from the checkpoint and only ``RESUME_SAFE_KEYS`` may change;
+    pass ``env`` again when it is not a spec string. ``handle_signals``: SIGINT/SIGTERM stop the run
+    gracefully (main thread only). Raises :class:`MadqnError` on bad input, on a diverged run
+    (NaN/Inf) and on a failed checkpoint write.
     """
-    cfg = resolve_config(config, overrides)
-    if isinstance(env, str):
-        cfg = cfg.replace(env=env)
-        env = None
-    elif env is not None:
-        cfg = cfg.replace(env=getattr(env, "__name__", type(env).__name__))
-    run_dir = prepare_run_dir(Path(run_dir) if run_dir is not None else default_run_dir(cfg), force)
-    (run_dir / "config.toml").write_text(cfg.to_toml())
-    metrics = MetricsHook(run_dir)
-    checkpoints = CheckpointHook(run_dir)
-    # VideoHook first: it checks the env renders before the others open anything; all after metrics (its reports)
-    watch = [VideoHook(run_dir), ProgressHook(), TensorBoardHook(run_dir)]
-    trainer = Trainer(cfg, env, hooks=[metrics, checkpoints, *watch, *hooks])
-    start = time.time()
+    state, resumed_from = None, None
+    if resume is not None:
+        if force:
+            raise MadqnError("--resume continues a run and --force overwrites one; pass only one of them")
+        run_dir_path = Path(resume)
+        if run_dir is not None and Path(run_dir).resolve() != run_dir_path.resolve():
+            raise MadqnError(f"--run-dir {run_dir} differs from --resume {resume}; a resumed run stays in its directory")
+        state, ckpt_path = load_run_checkpoint(run_dir_path)
+        if isinstance(env, str):
+            overrides = {**overrides, "env": env}
+            env = None
+        cfg = resume_config(state["config"], config, overrides, ckpt_path)
+        if env is None and ":" not in cfg.env and cfg.env not in ATARI_GAMES:
+            raise MadqnError(f"run {run_dir_path} trained on an env object given in Python ({cfg.env}); "
+                             "pass it again: madqn.train(env, resume=...)")
+        if cfg.steps <= state["step"]:
+            raise MadqnError(f"run {run_dir_path} already reached step {state['step']} of steps = {cfg.steps}; "
+                             f"pass --steps N with N > {state['step']} to train longer")
+    else:
+        cfg = resolve_config(config, overrides)
+        if isinstance(env, str):
+            cfg = cfg.replace(env=env)
+            env = None
+        elif env is not None:
+            cfg = cfg.replace(env=getattr(env, "__name__", type(env).__name__))
+        run_dir_path = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+        check_run_dir(run_dir_path, force)  # refuse before building envs and networks
+
+    guard = NumericsGuard()
+    metrics = MetricsHook(run_dir_path)
+    checkpoints = CheckpointHook(run_dir_path, guard)
+    # VideoHook first among the watchers: it checks the env renders; all after metrics (its reports)
+    watch = [VideoHook(run_dir_path), ProgressHook(), TensorBoardHook(run_dir_path)]
+    trainer = Trainer(cfg, env, hooks=[guard, metrics, checkpoints, *watch, *hooks])
     try:
-        trainer.run()
+        if state is not None:
+            _restore(trainer, state, ckpt_path, run_dir_path)
+            checkpoints.saved_step = resumed_from = trainer.step
+            del state  # the networks now live in the trainer
+        else:
+            prepare_run_dir(run_dir_path, force)
+        atomic_write_text(run_dir_path / "config.toml", cfg.to_toml())
+        start = time.time()
+        with StopOnSignal(trainer) if handle_signals else _NoSignals() as stop:
+            trainer.run()
     finally:
         trainer.close()
+    for error in (guard.error, checkpoints.error):
+        if error is not None:
+            raise type(error)(f"{error}; {_next_steps(checkpoints, run_dir_path, error)}")
     return RunResult(
-        run_dir=run_dir, steps=trainer.step, episodes=trainer.episodes,
+        run_dir=run_dir_path, steps=trainer.step, episodes=trainer.episodes,
         updates={g.name: g.updates for g in trainer.groups}, wall_time=time.time() - start,
-        checkpoint=checkpoints.dir / "latest.pt",
-        recent_scores={a: sum(d) / len(d) for a, d in metrics.recent.items() if d})
+        checkpoint=checkpoints.path,
+        recent_scores={a: sum(d) / len(d) for a, d in metrics.recent.items() if d},
+        stopped_by=stop.received if trainer.step < cfg.steps else None,
+        resumed_from=resumed_from)
+
+
+class _NoSignals:
+    received = None
+
+    def __enter__(self) -> "_NoSignals":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+def _next_steps(checkpoints: CheckpointHook, run_dir: Path, error: MadqnError) -> str:
+    if checkpoints.saved_step is None:
+        return "no checkpoint was written"
+    where = f"the last good checkpoint ({checkpoints.path}, step {checkpoints.saved_step}) is intact"
+    if isinstance(error, NonFiniteError):
+        return where
+    return f"{where}; fix the cause, then resume with: {resume_command(run_dir)}"
+
+
+def _restore(trainer: Trainer, state: dict[str, Any], ckpt_path: Path, run_dir: Path) -> None:
+    """Load the checkpoint (and the replay memory when saved for the same step) into a fresh trainer."""
+    step = int(state["step"])
+    exact = restore_trainer(trainer, state, ckpt_path)
+    replay_path = ckpt_path.parent / REPLAY
+    note = ""
+    if replay_path.is_file():
+        replay = safe_load(replay_path, kind=REPLAY_KIND, mmap=True)
+        if int(replay["step"]) == step:
+            restore_replay(trainer, replay, replay_path)
+            if not exact:
+                close_interrupted_episodes(trainer, state)
+        else:
+            note = f" ({replay_path.name} is from step {replay['step']}, not {step})"
+            replay = None
+    else:
+        replay = None
+    if replay is None:
+        trainer.learn_from = step + trainer.config.learn_start
+        memory = (f"replay memory not saved{note}: it refills for learn_start = {trainer.config.learn_start} "
+                  f"steps, learning resumes after step {trainer.learn_from}")
+    else:
+        memory = "replay memory restored"
+    episodes = "episodes continue" if exact else "the env cannot save its state: fresh episodes start"
+    truncate_csv(run_dir / "train.csv", "step", step)
+    truncate_csv(run_dir / "episodes.csv", "episode", int(state["episodes"]))
+    print(f"resuming {run_dir} at step {step}: {memory}; {episodes}", flush=True)

@@ -340,6 +340,44 @@ class AtariEnv(ParallelEnv):
         self.agents = [] if time_up else [a for a in acting if not terminations[a]]
         return observations, reward_out, terminations, truncations, infos
 
+    def get_state(self) -> dict[str, Any]:
+        """Everything needed to continue this env exactly, as numpy arrays and plain values.
+
+        The ALE system state (RAM, CPU, TIA, frame counters) serialised by `encodeState`, plus the
+        wrapper's live agents, life counters, agent-step counter and no-op generator. Checkpoints
+        use it so that a resumed run continues the very same episode (madqn.checkpoint), frame for
+        frame with DQN3.0's deterministic emulator; with `sticky_actions` > 0 the restored ALE does
+        not repeat the same sticky-action draws (it does not restore all they depend on).
+        """
+        handle = self.ale.cloneSystemState()
+        try:
+            ale_bytes = np.array(self.ale.encodeState(handle), dtype=np.uint8)
+        finally:
+            self.ale.deleteState(handle)
+        return {
+            "game": self.game,
+            "ale": ale_bytes,
+            "agents": list(self.agents),
+            "lives": self._lives.copy(),
+            "agent_steps": self._agent_steps,
+            "noop_rng": self._rng.bit_generator.state,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore a `get_state()` result (taken from an env built with the same settings)."""
+        if state["game"] != self.game:
+            raise ValueError(f"env state is for {state['game']!r}, this env plays {self.game!r}")
+        handle = self.ale.decodeState(np.ascontiguousarray(state["ale"], dtype=np.uint8))
+        try:
+            self.ale.restoreSystemState(handle)
+        finally:
+            self.ale.deleteState(handle)
+        self.agents = [a for a in state["agents"] if a in self._agent_index]
+        self._lives[:] = np.asarray(state["lives"], dtype=np.int64)
+        self._agent_steps = int(state["agent_steps"])
+        self._rng = np.random.default_rng()
+        self._rng.bit_generator.state = state["noop_rng"]
+
     def render(self) -> np.ndarray:
         """The current (210, 160, 3) uint8 RGB screen (the newest emulated frame)."""
         return self.ale.getScreenRGB()

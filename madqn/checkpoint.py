@@ -1,32 +1,88 @@
-"""Checkpoints: written atomically, loaded without executing pickled code (``weights_only=True``).
+"""Checkpoints: written atomically, loaded without executing pickled code, checked before use.
 
-A checkpoint is a dict of tensors and plain Python values: format version, resolved config, step
-counters, every learner's online/target networks and optimizer state, and RNG states. The file is
-written to a temporary name in the same directory, fsynced and renamed, so a crash mid-write leaves
-the previous checkpoint intact.
+``checkpoints/latest.pt`` (kind ``madqn-trainer``) holds a format version, the resolved config,
+the step, episode and update counters, every learner's online/target networks, optimizer state and
+pending statistics, all random generator states, and the acting state: per env copy the emulator
+state (when the env can capture it, as madqn's own ``AtariEnv`` does) and per agent seat its recent
+history, the transition waiting for its reward, its episode score and length. Epsilon and the
+learning rate are functions of the step (DQN3.0's schedules), so the step restores them.
+``checkpoints/replay.pt`` (kind ``madqn-replay``, only with ``save_replay = true``) holds the replay
+memory, tagged with the step of the checkpoint it belongs to.
+
+Writing: a temporary file in the same directory, fsync, rename, fsync of the directory; a crash or a
+full disk mid-write leaves the previous file intact. Reading: the zip checksums are verified first
+(truncated or bit-flipped files are refused), then ``torch.load(weights_only=True)`` (a file that
+pickles code is refused without running it), then the format version, kind and layout.
+
+Test hook (never set it in real runs): ``MADQN_FAULT=checkpoint_write:N[:ACTION]`` hits the N-th
+checkpoint file this process writes, after half of its temporary file is on disk. ACTION ``kill``
+(default) sends SIGKILL to the process, ``enospc`` raises ``OSError(ENOSPC)`` (a full disk),
+``stall`` sleeps 60 s before finishing the write (a window for signal tests).
 """
 
 from __future__ import annotations
 
+import csv
+import errno
+import io
 import os
+import signal
+import sys
+import time
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from madqn.errors import CheckpointError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+TRAINER_KIND = "madqn-trainer"
+REPLAY_KIND = "madqn-replay"
+LATEST = "latest.pt"
+REPLAY = "replay.pt"
+STAT_KEYS = ("abs_delta", "q_mean", "q2_max")  # Learner.update statistics, in this column order
+
+# ---- writing ------------------------------------------------------------------------------------
+
+_checkpoint_writes = 0  # files written by atomic_save in this process (for the MADQN_FAULT test hook)
 
 
-def atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to ``path`` via a fsynced temporary file and an atomic rename."""
+def _fault_action() -> str | None:
+    """The MADQN_FAULT action for the checkpoint write that is starting, if it is the one to hit."""
+    global _checkpoint_writes
+    _checkpoint_writes += 1
+    parts = os.environ.get("MADQN_FAULT", "").split(":")
+    if len(parts) >= 2 and parts[0] == "checkpoint_write" and parts[1].isdigit() and int(parts[1]) == _checkpoint_writes:
+        return parts[2] if len(parts) > 2 else "kill"
+    return None
+
+
+def _write_with_fault(f: Any, obj: Any, action: str) -> None:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    data = buffer.getbuffer()
+    f.write(data[: len(data) // 2])
+    f.flush()
+    os.fsync(f.fileno())
+    if action == "enospc":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if action == "stall":
+        print("madqn: MADQN_FAULT: stalled in the middle of a checkpoint write", file=sys.stderr, flush=True)
+        time.sleep(60)
+        f.write(data[len(data) // 2:])
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -40,43 +96,165 @@ def atomic_save(obj: Any, path: Path) -> None:
         os.close(dir_fd)
 
 
-def safe_load(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a madqn checkpoint without unpickling arbitrary objects; one clear error otherwise."""
+def atomic_save(obj: Any, path: Path) -> None:
+    """torch.save to ``path`` via a fsynced temporary file and an atomic rename."""
+    action = _fault_action()
+    if action is None:
+        _atomic_write(path, lambda f: torch.save(obj, f))
+    else:
+        _atomic_write(path, lambda f: _write_with_fault(f, obj, action))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    _atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def remove_temporaries(directory: Path) -> None:
+    """Delete temporary files left by a write that was killed (never a complete checkpoint)."""
+    for tmp in Path(directory).glob(".*.tmp-*"):
+        tmp.unlink(missing_ok=True)
+
+
+# ---- loading ------------------------------------------------------------------------------------
+
+def safe_load(path: Path, kind: str = TRAINER_KIND, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Load a madqn checkpoint file without unpickling code; ``CheckpointError`` with one clear line otherwise.
+
+    ``mmap``: tensors stay backed by the file (the replay memory is copied into place without
+    holding a second copy in RAM).
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # pickle.UnpicklingError, RuntimeError (truncated zip), EOFError, ...
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        raise CheckpointError(f"refusing to load {path}: not a complete madqn checkpoint "
+                              "(truncated, or not a checkpoint file)") from None
+    if damaged is not None:
+        raise CheckpointError(f"refusing to load {path}: the file is corrupt (checksum mismatch in {damaged})")
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as e:  # pickle.UnpicklingError (code or foreign objects), RuntimeError, ...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"refusing to load {path}: not a valid madqn checkpoint ({first[:200]})") from None
+        raise CheckpointError(f"refusing to load {path}: it holds more than tensors and plain values, which madqn "
+                              f"checkpoints never do (tampered or foreign file: {first[:160]})") from None
     if not isinstance(obj, dict) or "format_version" not in obj:
         raise CheckpointError(f"refusing to load {path}: not a madqn checkpoint")
     if obj["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format {obj['format_version']} is not supported "
+        raise CheckpointError(f"{path}: checkpoint format {obj['format_version']!r} is not supported "
                               f"(this madqn reads format {FORMAT_VERSION})")
+    if obj.get("kind") != kind:
+        raise CheckpointError(f"refusing to load {path}: it is a {obj.get('kind')!r} file, expected {kind!r}")
+    _check_layout(obj, _LAYOUT[kind], path)
     return obj
+
+
+_LAYOUT: dict[str, dict[str, type | tuple[type, ...]]] = {
+    TRAINER_KIND: {"config": dict, "agents": list, "step": int, "episodes": int, "learn_from": int,
+                   "wall_time": float, "groups": dict, "rng": dict, "envs": list, "slots": list,
+                   "observations": list, "action_masks": list},
+    REPLAY_KIND: {"step": int, "groups": dict},
+}
+
+
+def _check_layout(obj: dict[str, Any], layout: dict[str, Any], path: Path) -> None:
+    for key, want in layout.items():
+        if not isinstance(obj.get(key), want) or isinstance(obj.get(key), bool):
+            raise CheckpointError(f"refusing to load {path}: entry {key!r} is missing or malformed")
+
+
+def load_run_checkpoint(run_dir: Path) -> tuple[dict[str, Any], Path]:
+    """The latest trainer checkpoint of a run directory, with its path."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"cannot resume: run directory {run_dir} does not exist")
+    path = run_dir / "checkpoints" / LATEST
+    if not path.is_file():
+        raise CheckpointError(f"cannot resume: {run_dir} has no checkpoint ({path} is missing)")
+    return safe_load(path), path
+
+
+# ---- what a checkpoint holds --------------------------------------------------------------------
+
+def _to_torch(x: Any) -> Any:
+    """numpy arrays -> tensors, recursively (weights_only loading accepts tensors, not arrays)."""
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(np.array(x))  # a copy: frames handed out by envs may be read-only
+    if isinstance(x, dict):
+        return {k: _to_torch(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_torch(v) for v in x)
+    return x
+
+
+def _to_numpy(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.numpy()
+    if isinstance(x, dict):
+        return {k: _to_numpy(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_numpy(v) for v in x)
+    return x
+
+
+def _stats_tensor(stats: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """A learner's per-update statistics since the last report, as an (n, 3) float tensor."""
+    if not stats:
+        return torch.zeros(0, len(STAT_KEYS))
+    return torch.stack([torch.stack([torch.as_tensor(s[k], dtype=torch.float32) for k in STAT_KEYS])
+                        for s in stats]).cpu()
+
+
+def _slot_state(slot: Any) -> dict[str, Any]:
+    pending = None
+    if slot.pending is not None:
+        frame, action, mask = slot.pending
+        pending = {"frame": frame, "action": int(action), "mask": None if mask is None else np.asarray(mask, bool)}
+    return _to_torch({"env": slot.env_index, "agent": slot.agent, "history": slot.history.frames,
+                      "pending": pending, "reward": float(slot.reward), "score": float(slot.score),
+                      "length": int(slot.length)})
+
+
+def env_state(env: Any) -> dict[str, Any] | None:
+    """``env.get_state()`` as tensors, or None for envs that cannot capture their state."""
+    get_state = getattr(env, "get_state", None)
+    return None if get_state is None else _to_torch(get_state())
 
 
 def trainer_state(trainer: Any) -> dict[str, Any]:
     """Everything needed to continue ``trainer`` (not the replay memory; see ``replay_state``)."""
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     return {
         "format_version": FORMAT_VERSION,
+        "kind": TRAINER_KIND,
         "config": trainer.config.to_dict(),
         "agents": list(trainer.agents),
-        "step": trainer.step,
-        "episodes": trainer.episodes,
+        "step": int(trainer.step),
+        "episodes": int(trainer.episodes),
+        "learn_from": int(trainer.learn_from),
+        "wall_time": float(time.time() - trainer.start_time),
         "groups": {g.name: {"agents": list(g.agents), "n_actions": g.n_actions, "learner": g.learner.state_dict(),
-                            "updates": g.updates, "r_max": g.learner.r_max} for g in trainer.groups},
-        "rng": {"numpy": trainer.rng.bit_generator.state, "torch": torch.get_rng_state()},
+                            "updates": g.updates, "r_max": float(g.learner.r_max), "stats": _stats_tensor(g.stats),
+                            "replay_rng": g.replay.rng.bit_generator.state} for g in trainer.groups},
+        "rng": {"numpy": trainer.rng.bit_generator.state, "torch": torch.get_rng_state(), "cuda": list(cuda_rng)},
+        "envs": [env_state(env) for env in trainer.envs],
+        "slots": [_slot_state(slot) for slot in trainer.slots.values()],
+        "observations": [_to_torch(dict(obs)) for obs in trainer.observations],
+        "action_masks": [_to_torch({a: info.get("action_mask") for a, info in infos.items()
+                                    if isinstance(info, dict) and info.get("action_mask") is not None})
+                         for infos in trainer.infos],
     }
 
 
 def replay_state(trainer: Any) -> dict[str, Any]:
-    return {"format_version": FORMAT_VERSION, "step": trainer.step,
+    return {"format_version": FORMAT_VERSION, "kind": REPLAY_KIND, "step": int(trainer.step),
             "groups": {g.name: {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                                 for k, v in g.replay.state_dict().items()} for g in trainer.groups}}
 
+
+# ---- restoring ----------------------------------------------------------------------------------
 
 def check_compatible(state: dict[str, Any], trainer: Any, path: Path) -> None:
     """Refuse a checkpoint whose networks cannot belong to ``trainer`` (naming the mismatch)."""
@@ -95,23 +273,124 @@ def check_compatible(state: dict[str, Any], trainer: Any, path: Path) -> None:
                                   f"but {g.n_actions} in this env")
 
 
-def restore_trainer(trainer: Any, state: dict[str, Any], path: Path) -> None:
+def restore_trainer(trainer: Any, state: dict[str, Any], path: Path) -> bool:
+    """Load networks, optimizers, counters and generators; the acting state when the envs allow it.
+
+    Returns True when every env copy continues its episode exactly; False when some env cannot
+    capture its state: then every env copy starts a fresh episode (a new seed derived from the
+    step) and the interrupted episodes are simply not reported.
+    """
     check_compatible(state, trainer, path)
-    trainer.step = int(state["step"])
-    trainer.episodes = int(state["episodes"])
+    try:
+        for g in trainer.groups:
+            saved = state["groups"][g.name]
+            try:
+                g.learner.load_state_dict(saved["learner"])
+            except (RuntimeError, KeyError, ValueError) as e:
+                raise CheckpointError(f"{path}: network of {g.name} does not fit this config "
+                                      f"({str(e).strip().splitlines()[0][:200]})") from None
+            g.updates = int(saved["updates"])
+            g.learner.r_max = float(saved["r_max"])
+            g.stats = [{k: row[c].to(trainer.device) for c, k in enumerate(STAT_KEYS)} for row in saved["stats"]]
+            g.replay.rng.bit_generator.state = saved["replay_rng"]
+        trainer.step = int(state["step"])
+        trainer.episodes = int(state["episodes"])
+        trainer.learn_from = int(state["learn_from"])
+        trainer.start_time = time.time() - float(state["wall_time"])
+        trainer.rng.bit_generator.state = state["rng"]["numpy"]
+        torch.set_rng_state(state["rng"]["torch"])
+        if state["rng"]["cuda"] and torch.cuda.is_available() and len(state["rng"]["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        return _restore_acting(trainer, state)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: checkpoint content does not fit this run ({type(e).__name__}: "
+                              f"{str(e).strip()[:200]})") from None
+
+
+def _restore_acting(trainer: Any, state: dict[str, Any]) -> bool:
+    envs = state["envs"]
+    capturable = len(envs) == len(trainer.envs) and all(
+        s is not None and hasattr(env, "set_state") for s, env in zip(envs, trainer.envs))
+    if not capturable:
+        for i, env in enumerate(trainer.envs):
+            trainer._begin_episode(i, *env.reset(seed=trainer.config.seed + 1000 * i + trainer.step))
+        return False
+    for env, s in zip(trainer.envs, envs):
+        env.set_state(_to_numpy(s))
+    for saved in state["slots"]:
+        slot = trainer.slots[(int(saved["env"]), saved["agent"])]
+        np.copyto(slot.history.frames, saved["history"].numpy())
+        p = saved["pending"]
+        slot.pending = None if p is None else (p["frame"].numpy(), int(p["action"]),
+                                               None if p["mask"] is None else p["mask"].numpy())
+        slot.reward, slot.score, slot.length = float(saved["reward"]), float(saved["score"]), int(saved["length"])
+    trainer.observations = [dict(_to_numpy(obs)) for obs in state["observations"]]
+    trainer.infos = [{a: {"action_mask": m} for a, m in _to_numpy(masks).items()} for masks in state["action_masks"]]
+    return True
+
+
+def close_interrupted_episodes(trainer: Any, state: dict[str, Any]) -> None:
+    """After restoring the replay memory into fresh episodes: end each stream's interrupted episode.
+
+    The newest frame each agent had (its waiting transition's frame, else its current observation)
+    is stored as a truncated final frame, so the next episode's frames are never stacked onto it.
+    """
+    for saved in state["slots"]:
+        slot = trainer.slots[(int(saved["env"]), saved["agent"])]
+        frame = saved["pending"]["frame"] if saved["pending"] is not None else \
+            state["observations"][int(saved["env"])].get(saved["agent"])
+        if frame is None:
+            continue
+        g = trainer.group_of[slot.agent]
+        kw = {"action_mask": None} if g.replay.action_masks is not None else {}
+        g.replay.add(slot.stream, frame.numpy(), 0, 0.0, False, True, **kw)
+
+
+def restore_replay(trainer: Any, state: dict[str, Any], path: Path) -> None:
     for g in trainer.groups:
-        saved = state["groups"][g.name]
+        saved = state["groups"].get(g.name)
+        if saved is None:
+            raise CheckpointError(f"{path}: replay file has no memory for {g.name}")
         try:
-            g.learner.load_state_dict(saved["learner"])
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise CheckpointError(f"{path}: network of {g.name} does not fit this config ({str(e).splitlines()[0]})") from None
-        g.updates = int(saved["updates"])
-        g.learner.r_max = float(saved["r_max"])
-    trainer.rng.bit_generator.state = state["rng"]["numpy"]
-    torch.set_rng_state(state["rng"]["torch"])
+            g.replay.load_state_dict({k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in saved.items()})
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{path}: replay memory of {g.name} does not fit this config ({e})") from None
 
 
-def restore_replay(trainer: Any, state: dict[str, Any]) -> None:
-    for g in trainer.groups:
-        saved = state["groups"][g.name]
-        g.replay.load_state_dict({k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in saved.items()})
+# ---- metrics files ------------------------------------------------------------------------------
+
+def truncate_csv(path: Path, column: str, max_value: int) -> int:
+    """Rewrite a metrics CSV keeping the header and the complete rows with ``column`` <= max_value; atomic.
+
+    A resumed run appends from its checkpoint, so rows the interrupted run wrote after that
+    checkpoint would otherwise be duplicated: train.csv is cut at the checkpoint's step (its rows
+    are written before the checkpoint of the same step), episodes.csv at the checkpoint's episode
+    count (an episode row carries the step at which its last step began, which can equal the
+    checkpoint's step while the episode ended after it). Returns the number of rows dropped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        rows = list(reader)
+    if header is None or column not in header:
+        return 0
+    index = header.index(column)
+    keep = []
+    for row in rows:
+        try:
+            complete = len(row) == len(header) and int(row[index]) <= max_value
+        except ValueError:
+            complete = False
+        if complete:
+            keep.append(row)
+    out = io.StringIO(newline="")
+    writer = csv.writer(out)
+    writer.writerow(header)
+    writer.writerows(keep)
+    atomic_write_text(path, out.getvalue())
+    return len(rows) - len(keep)

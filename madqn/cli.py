@@ -30,6 +30,9 @@ def _train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto: cuda when available)")
     p.add_argument("--run-dir", help="run directory (default runs/<env>-<sharing>-s<seed>-<time>)")
     p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its latest checkpoint, with its config (only steps, "
+                        "device, num_threads, prog_freq, save_freq, save_replay and eval_* may change)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config key (TOML value syntax), repeatable, e.g. --set learn_start=1000")
     p.set_defaults(func=run_train)
@@ -44,7 +47,13 @@ def run_train(args: argparse.Namespace) -> int:
         value = getattr(args, key)
         if value is not None:
             overrides[key] = value
-    result = train(args.env, args.config, run_dir=args.run_dir, force=args.force, **overrides)
+    result = train(args.env, args.config, run_dir=args.run_dir, resume=args.resume, force=args.force, **overrides)
+    if result.stopped_by is not None:
+        from madqn.api import resume_command
+
+        print(f"stopped by {result.stopped_by} at step {result.steps}; checkpoint saved to {result.checkpoint}; "
+              f"resume with: {resume_command(result.run_dir)}", flush=True)
+        return 0
     print(f"done: {result.steps} agent steps, {result.episodes} episodes, updates {result.updates}, "
           f"{result.wall_time:.1f} s; run directory {result.run_dir}")
     from madqn.summary import format_summary, summarize_run
@@ -73,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"madqn: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before training started (afterwards it stops the run gracefully)
+        if args.debug:
+            raise
+        print("madqn: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -115,6 +115,10 @@ class Config:
                 raise ConfigError(f"config key '{f.name}' must be >= {meta['min']}, got {value!r}")
             if "max" in meta and value > meta["max"]:
                 raise ConfigError(f"config key '{f.name}' must be <= {meta['max']}, got {value!r}")
+        if self.rmsprop_eps <= 0:
+            raise ConfigError(f"config key 'rmsprop_eps' must be > 0, got {self.rmsprop_eps!r}")
+        if self.rmsprop_decay >= 1:
+            raise ConfigError(f"config key 'rmsprop_decay' must be < 1, got {self.rmsprop_decay!r}")
         if self.min_reward > self.max_reward:
             raise ConfigError(f"config key 'min_reward' ({self.min_reward}) must be <= 'max_reward' ({self.max_reward})")
         if self.replay_memory < self.hist_len + self.minibatch_size:
@@ -179,6 +183,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {p}") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {p} is not a text file (not valid UTF-8)") from None
     try:
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -11,3 +11,7 @@ class ConfigError(MadqnError):
 
 class CheckpointError(MadqnError):
     """A checkpoint is missing, corrupt, foreign or incompatible with the run's config."""
+
+
+class NonFiniteError(MadqnError):
+    """Training diverged: NaN/Inf in Q-values, TD errors or weights (the message names step and learner)."""

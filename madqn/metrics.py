@@ -61,6 +61,9 @@ class MetricsHook(Hook):
         self.episodes = CsvWriter(self.run_dir / "episodes.csv", EPISODE_FIELDS)
         self.train = CsvWriter(self.run_dir / "train.csv", TRAIN_FIELDS)
         self.recent = {a: deque(maxlen=self.window) for a in trainer.agents}
+        for row in read_rows(self.run_dir / "episodes.csv"):  # a resumed run: its earlier episodes
+            if row.get("agent") in self.recent:
+                self.recent[row["agent"]].append(float(row["score"]))
         self.last_step, self.last_time = trainer.step, time.time()
         self.last_updates = {g.name: g.updates for g in trainer.groups}
         self.next_report = (trainer.step // trainer.config.prog_freq + 1) * trainer.config.prog_freq
@@ -82,12 +85,14 @@ class MetricsHook(Hook):
 
     def on_end(self, trainer: Trainer) -> None:
         if trainer.step > self.last_step:
-            self.report(trainer)
+            # keep the statistics: a checkpoint written after this row carries them into a resumed
+            # run, whose next regular row then covers the whole prog_freq interval
+            self.report(trainer, clear=False)
         for w in (self.episodes, self.train):
             if w is not None:
                 w.close()
 
-    def report(self, trainer: Trainer) -> None:
+    def report(self, trainer: Trainer, clear: bool = True) -> None:
         """One train.csv row per learner, published as scalars: ``train/epsilon``, ``perf/env_steps_per_s``
         (agent steps as ``madqn.config`` counts them), and per learner ``td_error/<learner>`` (mean
         |clipped delta|), ``q_mean/``, ``q2_max/``, ``updates/``, ``perf/updates_per_s/``, ``train/lr/``,
@@ -100,7 +105,8 @@ class MetricsHook(Hook):
         scalars = {"train/epsilon": eps, "perf/env_steps_per_s": sps}
         for g in trainer.groups:
             stats = summarize(g.stats)
-            g.stats.clear()
+            if clear:
+                g.stats.clear()
             lr = g.learner.optimizer.param_groups[0]["lr"]
             self.train.write({"step": trainer.step, "learner": g.name, "updates": g.updates,
                               "abs_delta": stats["abs_delta"], "q_mean": stats["q_mean"], "q2_max": stats["q2_max"],
@@ -114,6 +120,14 @@ class MetricsHook(Hook):
                 f"perf/updates_per_s/{g.name}": updates_per_s, f"train/lr/{g.name}": lr,
                 f"replay_fill/{g.name}": len(g.replay) / (g.replay.capacity * g.replay.n_streams)})
         trainer.log_scalars(scalars)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a metrics CSV (none if it does not exist yet)."""
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def summarize(stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:

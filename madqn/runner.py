@@ -107,6 +107,7 @@ class Trainer:
         self.agents = list(first.possible_agents)
         self.step = 0
         self.episodes = 0
+        self.learn_from = config.learn_start  # learning rounds run once step > learn_from (later after a resume without replay)
         self.start_time = time.time()
         started = [env.reset() for env in self.envs]
         self.has_masks = any("action_mask" in info for _, infos in started for info in infos.values())
@@ -122,7 +123,8 @@ class Trainer:
         self.infos: list[dict[str, Any]] = [{} for _ in self.envs]
         for i, (obs, infos) in enumerate(started):
             self._begin_episode(i, obs, infos)
-        self.stop_requested = False
+        self.stop_requested = False  # set by hooks or signal handlers: stop after the current step
+        self.failed = False  # run() ended by an exception: the state may be mid-step, checkpoints must not save it
 
     # ---- construction -----------------------------------------------------------------------
     def _build_groups(self, env: Any) -> list[Group]:
@@ -165,6 +167,9 @@ class Trainer:
                 self.env_step()
                 for h in self.hooks:
                     h.on_step(self)
+        except BaseException:
+            self.failed = True
+            raise
         finally:
             for h in self.hooks:
                 h.on_end(self)
@@ -186,8 +191,8 @@ class Trainer:
             if per_env[i] or env.agents:
                 self._step_env(i, per_env[i])
         self.step += len(self.envs)
-        if c.learn_start < self.step:
-            rounds = self.step // c.update_freq - max(prev, c.learn_start) // c.update_freq
+        if self.learn_from < self.step:
+            rounds = self.step // c.update_freq - max(prev, self.learn_from) // c.update_freq
             for _ in range(rounds * c.n_replay):
                 self.learn()
         if c.target_q > 0 and self.step // c.target_q > prev // c.target_q:

@@ -309,7 +309,7 @@ def test_video_and_plot_errors_are_one_line(trained, madqn_cli, tmp_path, capsys
     bad.write_bytes(b"not a checkpoint")
     for args, message in (
             (["video", tmp_path / "nowhere"], "checkpoint not found"),
-            (["video", bad], "not a valid madqn checkpoint"),
+            (["video", bad], "not a complete madqn checkpoint"),
             (["video", run_dir, "--episodes", "0", "--out", tmp_path / "v.mp4"], "--episodes must be >= 1"),
             (["plot", tmp_path / "nowhere"], "run directory not found"),
             (["plot", tmp_path], "is not a run directory (no episodes.csv) and holds none"),

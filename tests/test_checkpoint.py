@@ -1,0 +1,156 @@
+"""Checkpoint pieces: emulator state capture, compatibility checks, metrics trimming, envs without state capture."""
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+import madqn
+from madqn.atari import AtariEnv
+from madqn.checkpoint import REPLAY_KIND, restore_trainer, safe_load, truncate_csv
+from madqn.config import Config
+from madqn.errors import CheckpointError
+from madqn.runner import Trainer
+
+
+def rollout(env, joint_actions):
+    """Frames, rewards and flags of a sequence of joint actions (resetting when the episode ends)."""
+    out = []
+    for actions in joint_actions:
+        if not env.agents:
+            obs, _ = env.reset()
+            out.append(("reset", obs["first_0"].copy()))
+        obs, rewards, terms, truncs, infos = env.step({a: actions[a] for a in env.agents})
+        out.append((obs["first_0"].copy(), rewards, terms, truncs, infos))
+    return out
+
+
+def same(a, b):
+    return len(a) == len(b) and all(
+        len(ra) == len(rb) and all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(ra, rb))
+        for ra, rb in zip(a, b))
+
+
+def test_atari_state_capture_continues_the_same_trajectory():
+    """A fresh env (other seed) given get_state() plays on exactly like the original, resets included."""
+    env = AtariEnv("pong_v3", seed=3, max_cycles=60)
+    env.reset()
+    rng = np.random.default_rng(0)
+    for _ in range(45):
+        env.step({a: int(rng.integers(6)) for a in env.agents})
+    state = env.get_state()
+    joint = [{a: int(rng.integers(6)) for a in env.possible_agents} for _ in range(130)]
+    original = rollout(env, joint)
+    assert sum(isinstance(r[0], str) for r in original) == 2  # two resets: their no-op counts come from the saved generator
+
+    other = AtariEnv("pong_v3", seed=99, max_cycles=60)
+    other.reset()
+    assert not same(rollout(other, joint[:20]), original[:20])
+    other.set_state(state)
+    assert same(rollout(other, joint), original)
+    with pytest.raises(ValueError, match="env state is for 'pong_v3'"):
+        AtariEnv("boxing_v2").set_state(state)
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        f.write("step,learner,updates\r\n" + "".join(rows))
+
+
+def test_truncate_csv_keeps_complete_rows_up_to_the_step(tmp_path):
+    path = tmp_path / "train.csv"
+    write_csv(path, ["100,a,1\r\n", "200,a,2\r\n", "200,b,2\r\n", "300,a,3\r\n", "400,a"])  # last row half-written
+    assert truncate_csv(path, "step", 200) == 2
+    with open(path, newline="") as f:
+        assert list(csv.reader(f)) == [["step", "learner", "updates"], ["100", "a", "1"], ["200", "a", "2"],
+                                       ["200", "b", "2"]]
+    assert truncate_csv(path, "step", 200) == 0
+    assert truncate_csv(path, "updates", 1) == 2
+    assert truncate_csv(tmp_path / "missing.csv", "step", 5) == 0
+
+
+class Countdown(ParallelEnv):
+    """Two agents, vector observations, 7-step episodes; no get_state(): resumes start fresh episodes."""
+
+    metadata = {"name": "countdown_v0"}
+    n_actions = 2
+
+    def __init__(self):
+        self.possible_agents = ["a", "b"]
+        self.agents = []
+
+    def observation_space(self, agent):
+        return spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(self.n_actions)
+
+    def reset(self, seed=None, options=None):
+        self.rng = np.random.default_rng(seed)
+        self.t = 0
+        self.agents = list(self.possible_agents)
+        return {a: self._obs() for a in self.agents}, {a: {} for a in self.agents}
+
+    def _obs(self):
+        return self.rng.uniform(-1, 1, 3).astype(np.float32)
+
+    def step(self, actions):
+        self.t += 1
+        done = self.t >= 7
+        obs = {a: self._obs() for a in self.agents}
+        rewards = {a: float(actions[a]) for a in self.agents}
+        flags = {a: done for a in self.agents}
+        infos = {a: {} for a in self.agents}
+        if done:
+            self.agents = []
+        return obs, rewards, flags, {a: False for a in flags}, infos
+
+
+class Countdown3(Countdown):
+    n_actions = 3
+
+
+SMALL = Config(env="countdown", hist_len=2, replay_memory=200, learn_start=20, minibatch_size=8, target_q=10,
+               mlp_hidden=[16], prog_freq=10, save_freq=20, max_cycles=50, device="cpu", num_threads=1,
+               save_replay=True, steps=60)
+
+
+def test_env_without_state_capture_resumes_with_fresh_episodes(tmp_path):
+    run = tmp_path / "run"
+    first = madqn.train(Countdown, SMALL, run_dir=run, handle_signals=False)
+    assert first.steps == 60
+    before = safe_load(run / "checkpoints" / "latest.pt")
+    assert before["envs"] == [None]
+    written = safe_load(run / "checkpoints" / "replay.pt", kind=REPLAY_KIND)["groups"]["a"]["written"][0].item()
+    resumed = madqn.train(Countdown, resume=run, steps=100, handle_signals=False)
+    assert resumed.resumed_from == 60 and resumed.steps == 100
+    # replay restored: learning went on at once, one update every 4 steps from step 20
+    assert resumed.updates == {"a": 20, "b": 20}
+    replay = safe_load(run / "checkpoints" / "replay.pt", kind=REPLAY_KIND)["groups"]["a"]
+    # the interrupted episode was closed in the replay stream by its newest frame (a truncation, not
+    # a terminal), so the next episode is never stacked onto it
+    assert bool(replay["episode_end"][0, written]) and not bool(replay["terminal"][0, written])
+    assert torch.equal(replay["frames"][0, written], before["observations"][0]["a"])
+    # 60 steps = 8 full episodes + 4 steps; the resumed run restarts, so 40 more steps = 5 episodes + 5 steps
+    episodes = [r for r in csv.DictReader(open(run / "episodes.csv", newline="")) if r["agent"] == "a"]
+    assert [int(r["episode"]) for r in episodes] == list(range(1, 14))
+    assert {int(r["length"]) for r in episodes} == {7}
+
+
+def test_incompatible_checkpoints_are_refused_naming_the_mismatch(tmp_path):
+    run = tmp_path / "run"
+    madqn.train(Countdown, SMALL, run_dir=run, steps=20, save_replay=False, handle_signals=False)
+    with pytest.raises(madqn.MadqnError, match=r"trained on an env object given in Python \(Countdown\); pass it again"):
+        madqn.train(resume=run, steps=40, handle_signals=False)
+    with pytest.raises(CheckpointError, match="a has 2 actions in the checkpoint but 3 in this env"):
+        madqn.train(Countdown3, resume=run, steps=40, handle_signals=False)
+    state = safe_load(run / "checkpoints" / "latest.pt")
+    shared = Trainer(SMALL.replace(sharing="shared"), Countdown)
+    with pytest.raises(CheckpointError, match="checkpoint has sharing = independent, this run has sharing = shared"):
+        restore_trainer(shared, state, run / "checkpoints" / "latest.pt")
+    wider = Trainer(SMALL.replace(mlp_hidden=[32]), Countdown)
+    with pytest.raises(CheckpointError, match="network of a does not fit this config"):
+        restore_trainer(wider, state, run / "checkpoints" / "latest.pt")
