@@ -27,6 +27,7 @@ from madqn.checkpoint import (LATEST, REPLAY, REPLAY_KIND, atomic_save, atomic_w
                               restore_replay, restore_trainer, safe_load, trainer_state, truncate_csv)
 from madqn.config import Config, _check_keys, load_toml, make_config
 from madqn.errors import CheckpointError, ConfigError, MadqnError, NonFiniteError
+from madqn.eval_hook import EvalHook
 from madqn.guard import NumericsGuard
 from madqn.metrics import MetricsHook
 from madqn.progress import ProgressHook
@@ -36,7 +37,7 @@ from madqn.video import VideoHook
 
 # Config keys a resumed run may change: they do not alter what was learned or how the saved state is read.
 RESUME_SAFE_KEYS = ("steps", "device", "num_threads", "prog_freq", "save_freq", "save_replay",
-                    "eval_freq", "eval_steps", "eval_ep")
+                    "eval_freq", "eval_steps", "eval_ep", "eval_opponent")
 
 
 @dataclass
@@ -243,7 +244,7 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
     checkpoints = CheckpointHook(run_dir_path, guard)
     # VideoHook first among the watchers: it checks the env renders; all after metrics (its reports)
     watch = [VideoHook(run_dir_path), ProgressHook(), TensorBoardHook(run_dir_path)]
-    trainer = Trainer(cfg, env, hooks=[guard, metrics, checkpoints, *watch, *hooks])
+    trainer = Trainer(cfg, env, hooks=[guard, metrics, checkpoints, EvalHook(run_dir_path), *watch, *hooks])
     try:
         if state is not None:
             _restore(trainer, state, ckpt_path, run_dir_path)

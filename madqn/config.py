@@ -81,6 +81,8 @@ class Config:
     eval_freq: int = _f(250_000, "evaluate every eval_freq agent steps (0 = never during training) [agent steps]", min=0)
     eval_steps: int = _f(125_000, "length of one evaluation [agent steps]", min=1)
     eval_ep: float = _f(0.05, "epsilon during evaluation", min=0.0, max=1.0)
+    eval_opponent: str = _f("random", "periodic evaluation: 'random' (each seat in turn against random others, the multiplayer-ALE protocol) or 'self' (the trained agents in every seat)",
+                            choices=("random", "self"))
     valid_size: int = _f(500, "held-out transitions (drawn at learn_start) for DQN3.0's V and TD-error statistics", min=0)
     prog_freq: int = _f(10_000, "a progress line and a train.csv row every prog_freq agent steps [agent steps]", min=1)
     save_freq: int = _f(125_000, "checkpoint every save_freq agent steps and at the end [agent steps]", min=1)

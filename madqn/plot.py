@@ -22,7 +22,8 @@ from madqn.errors import ConfigError, MadqnError
 
 # Keys that do not change what is learned (or only how long): not part of a run's variant.
 BOOKKEEPING_KEYS = frozenset({"seed", "device", "num_threads", "steps", "prog_freq", "save_freq", "save_replay",
-                              "eval_freq", "eval_steps", "video_freq", "video_length"})
+                              "eval_freq", "eval_steps", "eval_ep", "eval_opponent", "valid_size", "video_freq",
+                              "video_length"})
 BANDS = ("minmax", "std")
 
 
@@ -56,8 +57,12 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
     return runs
 
 
-def load_run(run_dir: str | Path) -> RunCurves:
+def load_run(run_dir: str | Path, source: str = "episodes") -> RunCurves:
+    """A run's curves: ``source = "episodes"`` the training episodes (``episodes.csv``), ``"eval"`` the
+    periodic evaluations (``eval.csv``: each seat's mean evaluation score at each evaluation step)."""
     run_dir = Path(run_dir)
+    if source not in ("episodes", "eval"):
+        raise MadqnError(f"source must be 'episodes' or 'eval', got {source!r}")
     if not (run_dir / "config.toml").is_file():
         raise MadqnError(f"{run_dir} has no config.toml: not a madqn run directory")
     try:
@@ -66,15 +71,18 @@ def load_run(run_dir: str | Path) -> RunCurves:
         raise MadqnError(f"{run_dir}: {e}") from None
     steps: dict[str, list[int]] = {}
     scores: dict[str, list[float]] = {}
+    name, agent_key, score_key = ("episodes.csv", "agent", "score") if source == "episodes" else ("eval.csv", "seat", "mean")
     try:
-        with open(run_dir / "episodes.csv", newline="") as f:
+        with open(run_dir / name, newline="") as f:
             for row in csv.DictReader(f):
-                steps.setdefault(row["agent"], []).append(int(row["step"]))
-                scores.setdefault(row["agent"], []).append(float(row["score"]))
+                if source == "eval" and int(row["episodes"]) == 0:
+                    continue  # no episode completed within the evaluation budget
+                steps.setdefault(row[agent_key], []).append(int(row["step"]))
+                scores.setdefault(row[agent_key], []).append(float(row[score_key]))
     except FileNotFoundError:
-        raise MadqnError(f"{run_dir} has no episodes.csv") from None
+        raise MadqnError(f"{run_dir} has no {name}") from None
     except (KeyError, ValueError, TypeError) as e:
-        raise MadqnError(f"{run_dir / 'episodes.csv'} is malformed ({type(e).__name__}: {e})") from None
+        raise MadqnError(f"{run_dir / name} is malformed ({type(e).__name__}: {e})") from None
     curves = {a: (np.asarray(steps[a], np.int64), np.asarray(scores[a], np.float64)) for a in steps}
     return RunCurves(run_dir, config, curves)
 
@@ -114,12 +122,12 @@ def group_variants(runs: Sequence[RunCurves]) -> list[tuple[str, list[RunCurves]
 
 def plot_learning_curves(runs: Sequence[str | Path | RunCurves], out_path: str | Path, *, window: int = 10,
                          size: tuple[int, int] = (1200, 450), dpi: int = 100, band: str = "minmax",
-                         title: str | None = None) -> Path:
+                         title: str | None = None, ylabel: str | None = None) -> Path:
     """Write ``learning_curves_figure(...)`` to ``out_path`` (.png, .svg or .pdf) at exactly ``size`` pixels."""
     out_path = Path(out_path)
     if out_path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise MadqnError(f"plot file {out_path} must end in .png, .svg or .pdf")
-    fig = learning_curves_figure(runs, window=window, size=size, dpi=dpi, band=band, title=title)
+    fig = learning_curves_figure(runs, window=window, size=size, dpi=dpi, band=band, title=title, ylabel=ylabel)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_path, dpi=dpi)
     return out_path
@@ -127,7 +135,7 @@ def plot_learning_curves(runs: Sequence[str | Path | RunCurves], out_path: str |
 
 def learning_curves_figure(runs: Sequence[str | Path | RunCurves], *, window: int = 10,
                            size: tuple[int, int] = (1200, 450), dpi: int = 100, band: str = "minmax",
-                           title: str | None = None):
+                           title: str | None = None, ylabel: str | None = None):
     """A matplotlib Figure of ``size`` = (width, height) pixels, one panel per agent: score vs agent steps.
 
     Each variant is one colour: a single run as its raw scores (faint) and their ``window``-episode
@@ -163,7 +171,7 @@ def learning_curves_figure(runs: Sequence[str | Path | RunCurves], *, window: in
         ax.set_xlabel("agent steps")
         ax.grid(alpha=0.3)
         ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
-    axes[0].set_ylabel(f"score (raw, {window}-episode mean)" if window > 1 else "score (raw)")
+    axes[0].set_ylabel(ylabel or (f"score (raw, {window}-episode mean)" if window > 1 else "score (raw)"))
     axes[0].legend(loc="best", fontsize="small")
     if title:
         fig.suptitle(title)

@@ -195,8 +195,12 @@ class ReplayMemory:
         """Number of sampleable (stream, j) pairs. O(len(self))."""
         return len(self.valid_indices()[0])
 
-    def sample(self, batch_size: int) -> Batch:
-        """A minibatch of ``batch_size`` transitions, uniform over the valid indices (with replacement)."""
+    def sample(self, batch_size: int, rng: np.random.Generator | None = None) -> Batch:
+        """A minibatch of ``batch_size`` transitions, uniform over the valid indices (with replacement).
+
+        ``rng``: draw with this generator instead of the memory's own (e.g. a held-out validation
+        set that must not change the training minibatches)."""
+        rng = self.rng if rng is None else rng
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         counts = np.minimum(self.written, self.capacity)
@@ -213,7 +217,7 @@ class ReplayMemory:
             # a flat index over all stored entries: stream weighted by its count, j uniform in it;
             # oversample so that one round usually fills the batch
             missing = batch_size - filled
-            flat = self.rng.integers(0, n_stored, size=missing + missing // 4 + 8)
+            flat = rng.integers(0, n_stored, size=missing + missing // 4 + 8)
             if self.n_streams == 1:
                 cand_streams = np.zeros(len(flat), dtype=np.int64)
                 cand_positions = flat
@@ -237,7 +241,7 @@ class ReplayMemory:
                     f"no valid transition to sample among {n_stored} stored entries (a transition needs "
                     "a stored successor in the same episode and a history that is stored or zero-padded)"
                 )
-            pick = self.rng.integers(0, len(all_streams), size=batch_size - filled)
+            pick = rng.integers(0, len(all_streams), size=batch_size - filled)
             _, pick_logical, pick_zeroed = self._check(all_streams[pick], all_positions[pick])
             streams[filled:] = all_streams[pick]
             logical[filled:] = pick_logical
