@@ -19,11 +19,12 @@ import torch
 
 from madqn.actor import RecentHistory, epsilon_greedy, linear_epsilon
 from madqn.config import Config
-from madqn.env import make_env
 from madqn.errors import MadqnError
 from madqn.learner import Learner
 from madqn.networks import build_q_network
+from madqn.policy import ActingNetworks
 from madqn.replay import ReplayMemory
+from madqn.vecenv import make_envs
 
 SHARED = "shared"
 
@@ -100,7 +101,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.rng = np.random.default_rng(config.seed)
         env_spec = config.env if env is None else env
-        self.envs = [make_env(env_spec, config, seed=config.seed + 1000 * i) for i in range(config.num_envs)]
+        self.envs = make_envs(env_spec, config)  # worker processes or inline copies (madqn.vecenv)
         first = self.envs[0]
         self.agents = list(first.possible_agents)
         self.step = 0
@@ -110,6 +111,8 @@ class Trainer:
         self.has_masks = any("action_mask" in info for _, infos in started for info in infos.values())
         self.groups = self._build_groups(first)
         self.group_of = {a: g for g in self.groups for a in g.agents}
+        self.group_index = {a: k for k, g in enumerate(self.groups) for a in g.agents}
+        self.policy = ActingNetworks([g.learner.online_network for g in self.groups], self.device)
         self.slots: dict[tuple[int, str], Slot] = {}
         for g in self.groups:
             for stream, (i, a) in enumerate((i, a) for a in g.agents for i in range(config.num_envs)):
@@ -168,7 +171,12 @@ class Trainer:
                 h.on_end(self)
 
     def env_step(self) -> None:
-        """One step of every env copy: act, store, learn (DQN3.0 perceive)."""
+        """One step of every env copy in DQN3.0 ``perceive`` order: act, learn, then the emulators advance.
+
+        Worker envs receive their joint actions before the learning round and emulate while it runs;
+        inline envs step after it. Either way the learning round samples the replay as it was
+        before this step's transitions, and the result is the same.
+        """
         c = self.config
         acting = [self.slots[(i, a)] for i, obs in enumerate(self.observations) for a in obs
                   if a in self.envs[i].agents]
@@ -179,36 +187,48 @@ class Trainer:
             slot.pending = (self.observations[slot.env_index][slot.agent], int(action), mask)
             slot.reward = 0.0
             per_env[slot.env_index][slot.agent] = int(action)
-        prev = self.step
-        for i, env in enumerate(self.envs):
-            if per_env[i] or env.agents:
-                self._step_env(i, per_env[i])
-        self.step += len(self.envs)
-        if c.learn_start < self.step:
-            rounds = self.step // c.update_freq - max(prev, c.learn_start) // c.update_freq
+        stepping = [i for i, env in enumerate(self.envs) if per_env[i] or env.agents]
+        for i in stepping:
+            if hasattr(self.envs[i], "step_async"):
+                self.envs[i].step_async(per_env[i])
+        prev, step = self.step, self.step + len(self.envs)
+        if c.learn_start < step:
+            rounds = step // c.update_freq - max(prev, c.learn_start) // c.update_freq
             for _ in range(rounds * c.n_replay):
-                self.learn()
-        if c.target_q > 0 and self.step // c.target_q > prev // c.target_q:
+                self.learn(step)
+        if c.target_q > 0 and step // c.target_q > prev // c.target_q:
             for g in self.groups:
                 g.learner.sync_target()
+        for i in stepping:
+            self._step_env(i, per_env[i])
+        self.step = step
 
     def act(self, slots: list[Slot], epsilon: float) -> np.ndarray:
-        """Epsilon-greedy actions for ``slots``, one batched forward per learner."""
+        """Epsilon-greedy actions for ``slots``: the greedy rows of all agents in one batched forward.
+
+        Shared network: one forward with agent ids. Independent networks of one architecture: one
+        vmapped forward over their stacked parameters (madqn.policy). Learners with different
+        action counts are served one after another.
+        """
         actions = np.zeros(len(slots), dtype=np.int64)
-        for g in self.groups:
-            rows = [k for k, s in enumerate(slots) if s.agent in g.agents]
-            if not rows:
+        if not slots:
+            return actions
+        groups = np.array([self.group_index[s.agent] for s in slots], dtype=np.int64)
+        ids = np.array([s.agent_id for s in slots], dtype=np.int64)
+        n_actions = sorted({g.n_actions for g in self.groups})
+        parts = [np.arange(len(slots))] if len(n_actions) == 1 else \
+            [np.flatnonzero(groups == k) for k in range(len(self.groups))]
+        for rows in parts:
+            if not len(rows):
                 continue
             members = [slots[k] for k in rows]
-            masks = self._masks(members, g.n_actions)
 
-            def q_fn(sel: np.ndarray, members=members, g=g) -> np.ndarray:
+            def q_fn(sel: np.ndarray, members=members, rows=rows) -> np.ndarray:
                 states = np.stack([members[k].history.state() for k in sel])
-                ids = torch.as_tensor([members[k].agent_id for k in sel], device=self.device)
-                q = g.learner.q_values(torch.as_tensor(states, device=self.device), ids)
-                return q.float().cpu().numpy()
+                return self.policy.q_values(states, groups[rows[sel]], ids[rows[sel]])
 
-            actions[rows] = epsilon_greedy(q_fn, len(members), epsilon, self.rng, g.n_actions, masks)
+            n = self.groups[groups[rows[0]]].n_actions
+            actions[rows] = epsilon_greedy(q_fn, len(members), epsilon, self.rng, n, self._masks(members, n))
         return actions
 
     def _masks(self, slots: list[Slot], n_actions: int) -> np.ndarray | None:
@@ -220,7 +240,7 @@ class Trainer:
     def _step_env(self, i: int, actions: dict[str, int]) -> None:
         c = self.config
         env = self.envs[i]
-        obs, rewards, terms, truncs, infos = env.step(actions)
+        obs, rewards, terms, truncs, infos = env.step_wait() if hasattr(env, "step_async") else env.step(actions)
         for agent, r in rewards.items():
             slot = self.slots[(i, agent)]
             slot.score += float(r)
@@ -288,25 +308,53 @@ class Trainer:
         self.observations[i] = dict(obs)
         self.infos[i] = infos
 
-    def learn(self) -> None:
+    def learn(self, step: int | None = None) -> None:
+        """One minibatch update of every learner (``step``: the agent step for the lr schedule)."""
         c = self.config
+        step = self.step if step is None else step
         for g in self.groups:
             batch = g.replay.sample(c.minibatch_size)
-            dev = self.device
-            ids = torch.as_tensor(g.stream_agent_ids[batch.streams], device=dev)
+            to = self._to_device
+            states, next_states = self._state_stacks(batch)
             stats = g.learner.update(
-                torch.as_tensor(batch.states, device=dev), torch.as_tensor(batch.actions, device=dev),
-                torch.as_tensor(batch.rewards, device=dev), torch.as_tensor(batch.next_states, device=dev),
-                torch.as_tensor(batch.terminals, device=dev), agent_ids=ids,
-                next_action_masks=None if batch.next_action_masks is None
-                else torch.as_tensor(batch.next_action_masks, device=dev),
-                step=self.step)
+                states, to(batch.actions), to(batch.rewards), next_states,
+                to(batch.terminals), agent_ids=to(g.stream_agent_ids[batch.streams]),
+                next_action_masks=None if batch.next_action_masks is None else to(batch.next_action_masks),
+                step=step)
             g.updates += 1
             g.stats.append(stats)
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        """A minibatch array as a device tensor (no copy on CPU); frames stay uint8 until the network.
+
+        On CUDA the copy goes through pinned (page-locked) memory and does not block the host; the
+        caching host allocator keeps the pinned block until the copy has finished.
+        """
+        t = torch.from_numpy(array)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def _state_stacks(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, s2) tensors; when the replay returned them as views of one (B, h+1, ...) array, that
+        array crosses to the device once and s, s2 are its two overlapping slices."""
+        whole = batch.states.base
+        h = batch.states.shape[1]
+        if (isinstance(whole, np.ndarray) and whole.shape == (batch.states.shape[0], h + 1, *batch.states.shape[2:])
+                and batch.next_states.base is whole):
+            t = self._to_device(whole)
+            return t[:, :h], t[:, 1:]
+        return self._to_device(batch.states), self._to_device(batch.next_states)
 
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def check_shared_spaces(env: Any) -> None:
