@@ -10,6 +10,7 @@ streams, told which agent it plays by the agent indicator). Steps count agent st
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -22,6 +23,7 @@ from madqn.config import Config
 from madqn.errors import MadqnError
 from madqn.learner import Learner
 from madqn.networks import build_q_network
+from madqn.overlap import BackgroundLearner
 from madqn.policy import ActingNetworks
 from madqn.replay import ReplayMemory
 from madqn.vecenv import make_envs
@@ -112,7 +114,9 @@ class Trainer:
         self.groups = self._build_groups(first)
         self.group_of = {a: g for g in self.groups for a in g.agents}
         self.group_index = {a: k for k, g in enumerate(self.groups) for a in g.agents}
-        self.policy = ActingNetworks([g.learner.online_network for g in self.groups], self.device)
+        self.policy = ActingNetworks([g.learner.online_network for g in self.groups], self.device,
+                                     snapshot=config.overlap)
+        self.background = BackgroundLearner(self) if config.overlap else None  # madqn.overlap
         self.slots: dict[tuple[int, str], Slot] = {}
         for g in self.groups:
             for stream, (i, a) in enumerate((i, a) for a in g.agents for i in range(config.num_envs)):
@@ -162,10 +166,16 @@ class Trainer:
         for h in self.hooks:
             h.on_start(self)
         try:
+            self.policy.refresh()  # overlap mode: act with the weights as they are now (e.g. restored)
             while self.step < self.config.steps and not self.stop_requested:
+                prev = self.step
                 self.env_step()
+                if self.background is not None and self._hooks_due(prev):
+                    self.background.drain()  # hooks that log or checkpoint see settled learners
                 for h in self.hooks:
                     h.on_step(self)
+            if self.background is not None:
+                self.background.drain()
         finally:
             for h in self.hooks:
                 h.on_end(self)
@@ -192,16 +202,27 @@ class Trainer:
             if hasattr(self.envs[i], "step_async"):
                 self.envs[i].step_async(per_env[i])
         prev, step = self.step, self.step + len(self.envs)
+        n_updates = 0
         if c.learn_start < step:
-            rounds = step // c.update_freq - max(prev, c.learn_start) // c.update_freq
-            for _ in range(rounds * c.n_replay):
+            n_updates = (step // c.update_freq - max(prev, c.learn_start) // c.update_freq) * c.n_replay
+        sync_target = c.target_q > 0 and step // c.target_q > prev // c.target_q
+        if self.background is not None:
+            self.background.submit(n_updates, step, sync_target)
+        else:
+            for _ in range(n_updates):
                 self.learn(step)
-        if c.target_q > 0 and step // c.target_q > prev // c.target_q:
-            for g in self.groups:
-                g.learner.sync_target()
-        for i in stepping:
-            self._step_env(i, per_env[i])
+            if sync_target:
+                for g in self.groups:
+                    g.learner.sync_target()
+        with self.background.replay_lock if self.background is not None else nullcontext():
+            for i in stepping:
+                self._step_env(i, per_env[i])
         self.step = step
+
+    def _hooks_due(self, prev: int) -> bool:
+        """Whether this step crossed a multiple of prog_freq, save_freq or eval_freq (where hooks act)."""
+        c = self.config
+        return any(k > 0 and self.step // k > prev // k for k in (c.prog_freq, c.save_freq, c.eval_freq))
 
     def act(self, slots: list[Slot], epsilon: float) -> np.ndarray:
         """Epsilon-greedy actions for ``slots``: the greedy rows of all agents in one batched forward.
@@ -308,12 +329,14 @@ class Trainer:
         self.observations[i] = dict(obs)
         self.infos[i] = infos
 
-    def learn(self, step: int | None = None) -> None:
-        """One minibatch update of every learner (``step``: the agent step for the lr schedule)."""
+    def learn(self, step: int | None = None, replay_lock: Any = None) -> None:
+        """One minibatch update of every learner (``step``: the agent step for the lr schedule;
+        ``replay_lock``: held while sampling, in overlap mode)."""
         c = self.config
         step = self.step if step is None else step
         for g in self.groups:
-            batch = g.replay.sample(c.minibatch_size)
+            with replay_lock if replay_lock is not None else nullcontext():
+                batch = g.replay.sample(c.minibatch_size)
             to = self._to_device
             states, next_states = self._state_stacks(batch)
             stats = g.learner.update(
@@ -347,6 +370,8 @@ class Trainer:
         return self._to_device(batch.states), self._to_device(batch.next_states)
 
     def close(self) -> None:
+        if self.background is not None:
+            self.background.close()
         for env in self.envs:
             env.close()
 
