@@ -74,3 +74,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+from madqn import bench  # noqa: E402,F401  (registers `madqn bench`)
