@@ -312,8 +312,6 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
 
     from madqn.runner import resolve_device
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     quick = args.quick
     repeats = 3 if quick else 5
     devices = ["cpu"]
@@ -371,6 +369,10 @@ def main(args: argparse.Namespace) -> int:
 
     if args.num_envs < 1:
         raise MadqnError("--num-envs must be >= 1")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     machine = machine_description(args.device)
     start = time.time()
     rows = run_bench(args)

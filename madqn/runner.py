@@ -116,7 +116,6 @@ class Trainer:
         self.group_index = {a: k for k, g in enumerate(self.groups) for a in g.agents}
         self.policy = ActingNetworks([g.learner.online_network for g in self.groups], self.device,
                                      snapshot=config.overlap)
-        self.background = BackgroundLearner(self) if config.overlap else None  # madqn.overlap
         self.slots: dict[tuple[int, str], Slot] = {}
         for g in self.groups:
             for stream, (i, a) in enumerate((i, a) for a in g.agents for i in range(config.num_envs)):
@@ -128,6 +127,7 @@ class Trainer:
         for i, (obs, infos) in enumerate(started):
             self._begin_episode(i, obs, infos)
         self.stop_requested = False
+        self.background = BackgroundLearner(self) if config.overlap else None  # madqn.overlap
 
     # ---- construction -----------------------------------------------------------------------
     def _build_groups(self, env: Any) -> list[Group]:
