@@ -22,6 +22,9 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
+bench: $(STAMP)
+	$(BIN)/madqn bench --quick $(ARGS)
+
 train: $(STAMP)
 	$(BIN)/madqn train --env $(ENV) $(ARGS)
 

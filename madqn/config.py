@@ -40,6 +40,11 @@ class Config:
     steps: int = _f(50_000_000, "training length (DQN3.0 steps: 4 frames each) [agent steps]", min=1)
     num_envs: int = _f(1, "copies of the game stepped together; each copy's agents keep their own histories and replay streams", min=1)
     num_threads: int = _f(0, "torch CPU threads for the learner (0 = torch's default)", min=0)
+    vector_env: str = _f("auto", "where env copies run: 'process' (one worker process each, stepped while the learner works), "
+                         "'inline' (in this process, one after another), 'auto' (process when num_envs > 1)",
+                         choices=("auto", "process", "inline"))
+    overlap: bool = _f(False, "learn in a background thread while acting goes on (at most one learning round behind); "
+                       "false keeps DQN3.0's strict act-learn-step order and same-seed reproducibility")
 
     # --- environment (DQN3.0 alewrap / xitari behaviour) ---------------------------------------
     action_repeat: int = _f(4, "emulator frames per agent step (actrep); rewards are summed over them", min=1)

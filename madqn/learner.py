@@ -86,6 +86,7 @@ class DQN3RMSprop(torch.optim.Optimizer):
         if weight_cost < 0:
             raise ValueError(f"invalid weight_cost {weight_cost}")
         super().__init__(params, dict(lr=lr, decay=decay, eps=eps, weight_cost=weight_cost))
+        self._scratch: dict[torch.Tensor, torch.Tensor] = {}  # per-parameter buffer for the denominator
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -94,7 +95,7 @@ class DQN3RMSprop(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            params, grads, gs, g2s = [], [], [], []
+            params, grads, gs, g2s, denoms = [], [], [], [], []
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -104,10 +105,14 @@ class DQN3RMSprop(torch.optim.Optimizer):
                 if not state:
                     state["g"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["g2"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                denom = self._scratch.get(p)
+                if denom is None or denom.shape != p.shape or denom.device != p.device:
+                    denom = self._scratch[p] = torch.empty_like(p)  # reused: no fresh pages per step
                 params.append(p)
                 grads.append(p.grad)
                 gs.append(state["g"])
                 g2s.append(state["g2"])
+                denoms.append(denom)
             if not params:
                 continue
             lr, decay, eps, wc = group["lr"], group["decay"], group["eps"], group["weight_cost"]
@@ -117,9 +122,11 @@ class DQN3RMSprop(torch.optim.Optimizer):
             torch._foreach_add_(gs, grads, alpha=1.0 - decay)
             torch._foreach_mul_(g2s, decay)
             torch._foreach_addcmul_(g2s, grads, grads, value=1.0 - decay)
-            denom = torch._foreach_addcmul(g2s, gs, gs, value=-1.0)  # g2 - g^2
-            torch._foreach_add_(denom, eps)
-            torch._foreach_sqrt_(denom)
+            torch._foreach_copy_(denoms, g2s)
+            torch._foreach_addcmul_(denoms, gs, gs, value=-1.0)  # g2 - g^2
+            torch._foreach_add_(denoms, eps)
+            torch._foreach_sqrt_(denoms)
+            denom = denoms
             torch._foreach_addcdiv_(params, grads, denom, value=-lr)
         return loss
 

@@ -65,8 +65,11 @@ class DQN3ConvNet(nn.Module):
         if frames.dim() != 4 or tuple(frames.shape[1:]) != expected:
             raise ValueError(f"frames must have shape (B, {', '.join(map(str, expected))}), got {tuple(frames.shape)}")
         _check_agent_ids(agent_ids, self.n_agents, batch)
-        x = frames.to(self.conv1.weight.dtype) / 255.0
         w = self.conv1.weight
+        if frames.dtype == torch.uint8 and w.dtype == torch.get_default_dtype():
+            x = frames / 255.0  # one pass: uint8 in, float out (the same values as .float() / 255)
+        else:
+            x = frames.to(w.dtype) / 255.0
         if self.n_agents > 0:
             # (32, n_agents): what a constant 1-plane in agent channel k adds to each output unit.
             plane_sum_CA = w[:, self.hist_len:].sum(dim=(2, 3))

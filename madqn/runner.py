@@ -10,6 +10,7 @@ streams, told which agent it plays by the agent indicator). Steps count agent st
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -19,11 +20,13 @@ import torch
 
 from madqn.actor import RecentHistory, epsilon_greedy, linear_epsilon
 from madqn.config import Config
-from madqn.env import make_env
 from madqn.errors import MadqnError
 from madqn.learner import Learner
 from madqn.networks import build_q_network
+from madqn.overlap import BackgroundLearner
+from madqn.policy import ActingNetworks
 from madqn.replay import ReplayMemory
+from madqn.vecenv import make_envs
 
 SHARED = "shared"
 
@@ -102,7 +105,7 @@ class Trainer:
         self.rng = np.random.default_rng(config.seed)
         env_spec = config.env if env is None else env
         self.env_spec = env_spec  # what make_env built the envs from (hooks may build more copies)
-        self.envs = [make_env(env_spec, config, seed=config.seed + 1000 * i) for i in range(config.num_envs)]
+        self.envs = make_envs(env_spec, config)  # worker processes or inline copies (madqn.vecenv)
         first = self.envs[0]
         self.agents = list(first.possible_agents)
         self.step = 0
@@ -113,6 +116,9 @@ class Trainer:
         self.has_masks = any("action_mask" in info for _, infos in started for info in infos.values())
         self.groups = self._build_groups(first)
         self.group_of = {a: g for g in self.groups for a in g.agents}
+        self.group_index = {a: k for k, g in enumerate(self.groups) for a in g.agents}
+        self.policy = ActingNetworks([g.learner.online_network for g in self.groups], self.device,
+                                     snapshot=config.overlap)
         self.slots: dict[tuple[int, str], Slot] = {}
         for g in self.groups:
             for stream, (i, a) in enumerate((i, a) for a in g.agents for i in range(config.num_envs)):
@@ -125,6 +131,7 @@ class Trainer:
             self._begin_episode(i, obs, infos)
         self.stop_requested = False  # set by hooks or signal handlers: stop after the current step
         self.failed = False  # run() ended by an exception: the state may be mid-step, checkpoints must not save it
+        self.background = BackgroundLearner(self) if config.overlap else None  # madqn.overlap
 
     # ---- construction -----------------------------------------------------------------------
     def _build_groups(self, env: Any) -> list[Group]:
@@ -163,10 +170,16 @@ class Trainer:
         for h in self.hooks:
             h.on_start(self)
         try:
+            self.policy.refresh()  # overlap mode: act with the weights as they are now (e.g. restored)
             while self.step < self.config.steps and not self.stop_requested:
+                prev = self.step
                 self.env_step()
+                if self.background is not None and self._hooks_due(prev):
+                    self.background.drain()  # hooks that log or checkpoint see settled learners
                 for h in self.hooks:
                     h.on_step(self)
+            if self.background is not None:
+                self.background.drain()
         except BaseException:
             self.failed = True
             raise
@@ -175,7 +188,12 @@ class Trainer:
                 h.on_end(self)
 
     def env_step(self) -> None:
-        """One step of every env copy: act, store, learn (DQN3.0 perceive)."""
+        """One step of every env copy in DQN3.0 ``perceive`` order: act, learn, then the emulators advance.
+
+        Worker envs receive their joint actions before the learning round and emulate while it runs;
+        inline envs step after it. Either way the learning round samples the replay as it was
+        before this step's transitions, and the result is the same.
+        """
         c = self.config
         acting = [self.slots[(i, a)] for i, obs in enumerate(self.observations) for a in obs
                   if a in self.envs[i].agents]
@@ -186,18 +204,32 @@ class Trainer:
             slot.pending = (self.observations[slot.env_index][slot.agent], int(action), mask)
             slot.reward = 0.0
             per_env[slot.env_index][slot.agent] = int(action)
-        prev = self.step
-        for i, env in enumerate(self.envs):
-            if per_env[i] or env.agents:
+        stepping = [i for i, env in enumerate(self.envs) if per_env[i] or env.agents]
+        for i in stepping:
+            if hasattr(self.envs[i], "step_async"):
+                self.envs[i].step_async(per_env[i])
+        prev, step = self.step, self.step + len(self.envs)
+        n_updates = 0
+        if self.learn_from < step:  # learn_start, or later after a resume without replay
+            n_updates = (step // c.update_freq - max(prev, self.learn_from) // c.update_freq) * c.n_replay
+        sync_target = c.target_q > 0 and step // c.target_q > prev // c.target_q
+        if self.background is not None:
+            self.background.submit(n_updates, step, sync_target)
+        else:
+            for _ in range(n_updates):
+                self.learn(step)
+            if sync_target:
+                for g in self.groups:
+                    g.learner.sync_target()
+        with self.background.replay_lock if self.background is not None else nullcontext():
+            for i in stepping:
                 self._step_env(i, per_env[i])
-        self.step += len(self.envs)
-        if self.learn_from < self.step:
-            rounds = self.step // c.update_freq - max(prev, self.learn_from) // c.update_freq
-            for _ in range(rounds * c.n_replay):
-                self.learn()
-        if c.target_q > 0 and self.step // c.target_q > prev // c.target_q:
-            for g in self.groups:
-                g.learner.sync_target()
+        self.step = step
+
+    def _hooks_due(self, prev: int) -> bool:
+        """Whether this step crossed a multiple of prog_freq, save_freq or eval_freq (where hooks act)."""
+        c = self.config
+        return any(k > 0 and self.step // k > prev // k for k in (c.prog_freq, c.save_freq, c.eval_freq))
 
     def log_scalars(self, scalars: dict[str, float], step: int | None = None) -> None:
         """Publish named scalars (TensorBoard-style tags, e.g. ``td_error/first_0``) to every hook's ``on_scalars``."""
@@ -206,22 +238,31 @@ class Trainer:
             h.on_scalars(self, step, scalars)
 
     def act(self, slots: list[Slot], epsilon: float) -> np.ndarray:
-        """Epsilon-greedy actions for ``slots``, one batched forward per learner."""
+        """Epsilon-greedy actions for ``slots``: the greedy rows of all agents in one batched forward.
+
+        Shared network: one forward with agent ids. Independent networks of one architecture: one
+        vmapped forward over their stacked parameters (madqn.policy). Learners with different
+        action counts are served one after another.
+        """
         actions = np.zeros(len(slots), dtype=np.int64)
-        for g in self.groups:
-            rows = [k for k, s in enumerate(slots) if s.agent in g.agents]
-            if not rows:
+        if not slots:
+            return actions
+        groups = np.array([self.group_index[s.agent] for s in slots], dtype=np.int64)
+        ids = np.array([s.agent_id for s in slots], dtype=np.int64)
+        n_actions = sorted({g.n_actions for g in self.groups})
+        parts = [np.arange(len(slots))] if len(n_actions) == 1 else \
+            [np.flatnonzero(groups == k) for k in range(len(self.groups))]
+        for rows in parts:
+            if not len(rows):
                 continue
             members = [slots[k] for k in rows]
-            masks = self._masks(members, g.n_actions)
 
-            def q_fn(sel: np.ndarray, members=members, g=g) -> np.ndarray:
+            def q_fn(sel: np.ndarray, members=members, rows=rows) -> np.ndarray:
                 states = np.stack([members[k].history.state() for k in sel])
-                ids = torch.as_tensor([members[k].agent_id for k in sel], device=self.device)
-                q = g.learner.q_values(torch.as_tensor(states, device=self.device), ids)
-                return q.float().cpu().numpy()
+                return self.policy.q_values(states, groups[rows[sel]], ids[rows[sel]])
 
-            actions[rows] = epsilon_greedy(q_fn, len(members), epsilon, self.rng, g.n_actions, masks)
+            n = self.groups[groups[rows[0]]].n_actions
+            actions[rows] = epsilon_greedy(q_fn, len(members), epsilon, self.rng, n, self._masks(members, n))
         return actions
 
     def _masks(self, slots: list[Slot], n_actions: int) -> np.ndarray | None:
@@ -233,7 +274,7 @@ class Trainer:
     def _step_env(self, i: int, actions: dict[str, int]) -> None:
         c = self.config
         env = self.envs[i]
-        obs, rewards, terms, truncs, infos = env.step(actions)
+        obs, rewards, terms, truncs, infos = env.step_wait() if hasattr(env, "step_async") else env.step(actions)
         for agent, r in rewards.items():
             slot = self.slots[(i, agent)]
             slot.score += float(r)
@@ -301,25 +342,57 @@ class Trainer:
         self.observations[i] = dict(obs)
         self.infos[i] = infos
 
-    def learn(self) -> None:
+    def learn(self, step: int | None = None, replay_lock: Any = None) -> None:
+        """One minibatch update of every learner (``step``: the agent step for the lr schedule;
+        ``replay_lock``: held while sampling, in overlap mode)."""
         c = self.config
+        step = self.step if step is None else step
         for g in self.groups:
-            batch = g.replay.sample(c.minibatch_size)
-            dev = self.device
-            ids = torch.as_tensor(g.stream_agent_ids[batch.streams], device=dev)
+            with replay_lock if replay_lock is not None else nullcontext():
+                batch = g.replay.sample(c.minibatch_size)
+            to = self._to_device
+            states, next_states = self._state_stacks(batch)
             stats = g.learner.update(
-                torch.as_tensor(batch.states, device=dev), torch.as_tensor(batch.actions, device=dev),
-                torch.as_tensor(batch.rewards, device=dev), torch.as_tensor(batch.next_states, device=dev),
-                torch.as_tensor(batch.terminals, device=dev), agent_ids=ids,
-                next_action_masks=None if batch.next_action_masks is None
-                else torch.as_tensor(batch.next_action_masks, device=dev),
-                step=self.step)
+                states, to(batch.actions), to(batch.rewards), next_states,
+                to(batch.terminals), agent_ids=to(g.stream_agent_ids[batch.streams]),
+                next_action_masks=None if batch.next_action_masks is None else to(batch.next_action_masks),
+                step=step)
             g.updates += 1
             g.stats.append(stats)
 
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        """A minibatch array as a device tensor (no copy on CPU); frames stay uint8 until the network.
+
+        On CUDA the copy goes through pinned (page-locked) memory and does not block the host; the
+        caching host allocator keeps the pinned block until the copy has finished.
+        """
+        t = torch.from_numpy(array)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def _state_stacks(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, s2) tensors; when the replay returned them as views of one (B, h+1, ...) array, that
+        array crosses to the device once and s, s2 are its two overlapping slices."""
+        whole = batch.states.base
+        h = batch.states.shape[1]
+        if (isinstance(whole, np.ndarray) and whole.shape == (batch.states.shape[0], h + 1, *batch.states.shape[2:])
+                and batch.next_states.base is whole):
+            t = self._to_device(whole)
+            return t[:, :h], t[:, 1:]
+        return self._to_device(batch.states), self._to_device(batch.next_states)
+
     def close(self) -> None:
+        if self.background is not None:
+            self.background.close()
         for env in self.envs:
             env.close()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def check_shared_spaces(env: Any) -> None:

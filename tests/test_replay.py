@@ -350,3 +350,23 @@ def test_rare_valid_index_is_still_found():
     assert mem.num_valid() == 1
     b = mem.sample(64)
     assert b.indices.tolist() == [250] * 64 and b.next_states[:, 0, 0].tolist() == [251] * 64
+
+
+def test_allocated_bytes_match_formula():
+    """What the memory really allocates (numpy reports its buffers to tracemalloc), not just .nbytes:
+    84*84 frame bytes + 10 bytes of action, reward and flags per entry, i.e. 7,066 B per transition
+    per agent stream, and nothing proportional to the capacity beyond that."""
+    import tracemalloc
+
+    ReplayMemory(100, (84, 84), 4, n_streams=2, seed=0)  # first use imports numpy's rng modules
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        mem = ReplayMemory(20_000, (84, 84), 4, n_streams=2, seed=0)
+        allocated = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    formula = 2 * 20_000 * (84 * 84 + 4 + 4 + 1 + 1) + 8 * 2
+    assert mem.nbytes == formula
+    assert formula <= allocated <= formula + 16_384  # + the object, its rng and small bookkeeping
+    assert formula / (2 * 20_000) <= 7.2e3

@@ -1,0 +1,179 @@
+"""madqn.vecenv: env copies in worker processes give the transitions of the inline copies; crashes are errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+
+import numpy as np
+import pytest
+
+from madqn.config import make_config
+from madqn.env import make_env
+from madqn.runner import Trainer
+from madqn.vecenv import EnvWorkerError, WorkerEnv, make_envs
+
+from test_train import SMOKE
+
+ATARI = dict(env="pong_v3", num_envs=2, max_cycles=40, random_starts=30, seed=5)
+
+
+def _play(envs, n_steps, seed):
+    """Step every copy with the same seeded random actions; record everything the envs return."""
+    rng = np.random.default_rng(seed)
+    log = []
+    for i, env in enumerate(envs):
+        obs, infos = env.reset()
+        log.append((i, "reset", obs, infos))
+    for _ in range(n_steps):
+        for i, env in enumerate(envs):
+            if not env.agents:
+                log.append((i, "reset", *env.reset()))
+                continue
+            actions = {a: int(rng.integers(env.action_space(a).n)) for a in env.agents}
+            log.append((i, "step", actions, *env.step(actions), list(env.agents)))
+    return log
+
+
+def _assert_same(log_a, log_b):
+    assert len(log_a) == len(log_b)
+    for ea, eb in zip(log_a, log_b):
+        assert len(ea) == len(eb) and ea[:2] == eb[:2]
+        for x, y in zip(ea[2:], eb[2:]):
+            if isinstance(x, dict):
+                assert x.keys() == y.keys()
+                for k in x:
+                    if isinstance(x[k], np.ndarray):
+                        assert np.array_equal(x[k], y[k]) and x[k].dtype == y[k].dtype
+                    else:
+                        assert x[k] == y[k]
+            else:
+                assert x == y
+
+
+def test_worker_copies_equal_single_envs_seeded_like_them():
+    """'Same' = copy i in a worker returns, for the same actions, exactly what a lone env built with
+    copy i's seed (config.seed + 1000 * i) returns: frames bit for bit, rewards, flags, infos, agents;
+    across an episode end (max_cycles 40) and the reset after it."""
+    cfg = make_config(None, {**ATARI, "vector_env": "process"})
+    workers = make_envs("pong_v3", cfg)
+    try:
+        assert all(isinstance(e, WorkerEnv) for e in workers)
+        got = _play(workers, 45, seed=0)
+    finally:
+        for e in workers:
+            e.close()
+    singles = [make_env("pong_v3", cfg, seed=cfg.seed + 1000 * i) for i in range(2)]
+    expected = _play(singles, 45, seed=0)
+    _assert_same(got, expected)
+    assert sum(1 for e in expected if e[1] == "reset") == 4  # both copies ended an episode and restarted
+    # the two copies are seeded differently: their frames differ somewhere
+    assert any(not np.array_equal(a[3]["first_0"], b[3]["first_0"])
+               for a, b in zip(expected[2::2], expected[3::2]) if a[1] == b[1] == "step")
+
+
+def test_trainer_with_worker_envs_stores_the_inline_transitions():
+    """A run with num_envs=2 in worker processes equals the same run with the copies stepped inline:
+    every replay stream (frames, actions, rewards, flags), the updates and the final weights."""
+    runs = []
+    for mode in ("inline", "process"):
+        cfg = make_config(SMOKE, {"steps": 120, "learn_start": 88, "num_envs": 2, "vector_env": mode,
+                                  "sharing": "independent", "seed": 11, "max_cycles": 50})
+        with Trainer(cfg) as trainer:
+            trainer.run()
+            runs.append(trainer)
+    inline, process = runs
+    assert isinstance(process.envs[0], WorkerEnv) and not isinstance(inline.envs[0], WorkerEnv)
+    for g_in, g_pr in zip(inline.groups, process.groups):
+        assert g_in.updates == g_pr.updates == 120 // 4 - 88 // 4
+        a, b = g_in.replay.state_dict(), g_pr.replay.state_dict()
+        for key in ("frames", "actions", "rewards", "terminal", "episode_end", "written"):
+            assert np.array_equal(a[key], b[key]), key
+        assert (a["written"] > 50).all() and a["episode_end"].any()  # both copies' streams filled, episodes ended
+        for p, q in zip(g_in.learner.online_network.parameters(), g_pr.learner.online_network.parameters()):
+            assert np.array_equal(p.detach().numpy(), q.detach().numpy())
+
+
+CRASHING_ENV = textwrap.dedent('''
+    import numpy as np
+    from gymnasium import spaces
+    from pettingzoo import ParallelEnv
+
+    class Crashing(ParallelEnv):
+        metadata = {"name": "crashing"}
+        possible_agents = ["a", "b"]
+
+        def __init__(self):
+            self.agents = []
+            self.t = 0
+
+        def observation_space(self, agent):
+            return spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+        def action_space(self, agent):
+            return spaces.Discrete(2)
+
+        def reset(self, seed=None, options=None):
+            self.agents = list(self.possible_agents)
+            return {a: np.zeros(3, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+        def step(self, actions):
+            self.t += 1
+            if self.t == 3:
+                raise RuntimeError("emulator exploded at step 3")
+            obs = {a: np.full(3, self.t / 10, np.float32) for a in self.agents}
+            zero = {a: 0.0 for a in self.agents}
+            false = {a: False for a in self.agents}
+            return obs, zero, false, dict(false), {a: {} for a in self.agents}
+
+    def make():
+        return Crashing()
+''')
+
+
+def test_worker_exception_is_a_clear_error(tmp_path):
+    path = tmp_path / "crashing_env.py"
+    path.write_text(CRASHING_ENV)
+    cfg = make_config(None, {"env": f"{path}:make", "num_envs": 2, "vector_env": "process"})
+    envs = make_envs(f"{path}:make", cfg)
+    try:
+        for env in envs:
+            env.reset()
+        for _ in range(2):
+            for env in envs:
+                env.step({"a": 0, "b": 1})
+        with pytest.raises(EnvWorkerError, match=r"env copy 0 .* failed during step: RuntimeError: emulator exploded"):
+            envs[0].step({"a": 0, "b": 1})
+        with pytest.raises(EnvWorkerError):  # the failed copy stays failed
+            envs[0].step({"a": 0, "b": 1})
+    finally:
+        for env in envs:
+            env.close()
+
+
+def test_killed_worker_is_a_clear_error_not_a_hang():
+    cfg = make_config(None, {**ATARI, "vector_env": "process"})
+    envs = make_envs("pong_v3", cfg)
+    try:
+        envs[1].reset()
+        os.kill(envs[1]._process.pid, signal.SIGKILL)
+        with pytest.raises(EnvWorkerError, match=r"env copy 1 \(worker pid \d+\) was killed by signal 9 during step"):
+            envs[1].step({"first_0": 0, "second_0": 0})
+    finally:
+        for env in envs:
+            env.close()
+    assert all(not e._process.is_alive() for e in envs)
+
+
+def test_cli_reports_a_worker_crash_in_one_line(tmp_path, madqn_cli):
+    import subprocess
+
+    path = tmp_path / "crashing_env.py"
+    path.write_text(CRASHING_ENV)
+    cmd, env = madqn_cli("train", "--env", f"{path}:make", "--config", SMOKE, "--run-dir", tmp_path / "run",
+                         "--set", "num_envs=2", "--set", "vector_env='process'")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "env copy" in lines[0] and "emulator exploded at step 3" in lines[0], proc.stderr
