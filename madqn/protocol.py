@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -64,6 +64,9 @@ def play(env: Any, seats: Mapping[str, Player], *, match: str, episodes: int, ep
     agents = list(env.possible_agents)
     if set(seats) != set(agents):
         raise ValueError(f"seats {sorted(seats)} must be exactly the env's agents {agents}")
+    for p in seats.values():
+        if not p.name or any(ch in p.name for ch in " =+"):
+            raise ValueError(f"player name {p.name!r} must be non-empty without spaces, '=' or '+'")
     if sides is None:
         by_player: dict[str, list[str]] = defaultdict(list)
         for a in agents:
@@ -88,10 +91,11 @@ def play(env: Any, seats: Mapping[str, Player], *, match: str, episodes: int, ep
 
 
 def vs_random(env: Any, player: Player, *, episodes: int, epsilon: float, seed: int, baseline: bool = True,
-              max_steps: int | None = None, config: Any = None) -> list[dict[str, Any]]:
+              max_steps: int | None = None, config: Any = None,
+              on_setting: Callable[[], None] | None = None) -> list[dict[str, Any]]:
     """``player`` in each seat against random others; with ``baseline`` also all-random on the same seeds.
 
-    ``max_steps`` is the env-step budget of each setting.
+    ``max_steps`` is the env-step budget of each setting; ``on_setting()`` is called after each setting.
     """
     agents = list(env.possible_agents)
     rows: list[dict[str, Any]] = []
@@ -100,9 +104,16 @@ def vs_random(env: Any, player: Player, *, episodes: int, epsilon: float, seed: 
         rows += play(env, seats, match=VS_RANDOM, episodes=episodes, epsilon=epsilon, seed=seed,
                      sides=[[seat], [a for a in agents if a != seat]] if len(agents) > 1 else [[seat]],
                      max_steps=max_steps, config=config)
+        _done(on_setting)
     if baseline:
         rows += random_baseline(env, episodes=episodes, seed=seed, max_steps=max_steps, config=config)
+        _done(on_setting)
     return rows
+
+
+def _done(on_setting: Callable[[], None] | None) -> None:
+    if on_setting is not None:
+        on_setting()
 
 
 def random_baseline(env: Any, *, episodes: int, seed: int, max_steps: int | None = None,
@@ -114,11 +125,13 @@ def random_baseline(env: Any, *, episodes: int, seed: int, max_steps: int | None
 
 
 def self_play(env: Any, player: Player, *, episodes: int, epsilon: float, seed: int, max_steps: int | None = None,
-              config: Any = None) -> list[dict[str, Any]]:
+              config: Any = None, on_setting: Callable[[], None] | None = None) -> list[dict[str, Any]]:
     """``player`` in every seat (each seat its own side)."""
     agents = list(env.possible_agents)
-    return play(env, {a: player for a in agents}, match=SELF, episodes=episodes, epsilon=epsilon, seed=seed,
+    rows = play(env, {a: player for a in agents}, match=SELF, episodes=episodes, epsilon=epsilon, seed=seed,
                 sides=[[a] for a in agents], max_steps=max_steps, config=config)
+    _done(on_setting)
+    return rows
 
 
 def cross_settings(agents: Sequence[str], a: str, b: str) -> list[dict[str, str]]:
@@ -134,7 +147,8 @@ def cross_settings(agents: Sequence[str], a: str, b: str) -> list[dict[str, str]
 
 
 def cross_play(env: Any, a: Player, b: Player, *, episodes: int, epsilon: float, seed: int,
-               max_steps: int | None = None, config: Any = None) -> list[dict[str, Any]]:
+               max_steps: int | None = None, config: Any = None,
+               on_setting: Callable[[], None] | None = None) -> list[dict[str, Any]]:
     """A against B over every setting of ``cross_settings`` (seats swapped), ``episodes`` each."""
     if a.name == b.name:
         raise ValueError(f"cross-play needs two differently named players, got {a.name!r} twice")
@@ -143,6 +157,7 @@ def cross_play(env: Any, a: Player, b: Player, *, episodes: int, epsilon: float,
     for setting in cross_settings(list(env.possible_agents), a.name, b.name):
         rows += play(env, {s: players[name] for s, name in setting.items()}, match=CROSS, episodes=episodes,
                      epsilon=epsilon, seed=seed, max_steps=max_steps, config=config)
+        _done(on_setting)
     return rows
 
 
