@@ -471,9 +471,12 @@ def compare(settings: CompareSettings, out: TextIO = sys.stdout) -> CompareResul
         raise MadqnError(f"--episodes must be >= 2 (a confidence interval needs two episodes), got {settings.episodes}")
     if settings.jobs < 1:
         raise MadqnError(f"--jobs must be >= 1, got {settings.jobs}")
-    settings.out.mkdir(parents=True, exist_ok=True)
+    plans = plan_runs(settings)  # refuses runs trained with another config before anything is written
+    try:
+        settings.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MadqnError(f"cannot create {settings.out}: {e.strerror or e}") from None
     atomic_write_text(settings.out / "config.toml", c.to_toml())
-    plans = plan_runs(settings)
     start = time.time()
     train_runs(settings, plans, out)
     players = collect_players(settings, plans)

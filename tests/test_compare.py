@@ -1,0 +1,204 @@
+"""`madqn compare` end to end on envs/catch.py with tiny budgets: every artefact, the report's numbers
+recomputed directly from the raw CSV, reruns that keep finished runs and reuse evaluations, resuming.
+"""
+
+import csv
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from madqn.rating import expected_score
+
+ROOT = Path(__file__).resolve().parents[1]
+CATCH = f"{ROOT / 'envs' / 'catch.py'}:make_small_env"
+CONFIG = ROOT / "configs" / "catch_small.toml"
+SEATS = ["catcher_0", "catcher_1"]
+T975 = {1: 12.706205, 3: 3.182446}
+ARGS = ["--env", CATCH, "--config", CONFIG, "--steps", "300", "--seeds", "2", "--episodes", "4", "--jobs", "2",
+        "--h2h-episodes", "2", "--set", "learn_start=100", "--set", "eval_freq=100", "--set", "eval_steps=90",
+        "--set", "valid_size=50", "--set", "prog_freq=100", "--set", "save_freq=150",
+        "--set", "final_eval_episodes=0"]
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def cli(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "madqn", *map(str, args)], capture_output=True, text=True,
+                          timeout=600, cwd=cwd, env=env)
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("compare")
+    out = tmp / "cmp"
+    proc = cli("compare", *ARGS, "--out", out, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr + proc.stdout[-3000:]
+    return tmp, out, proc.stdout
+
+
+def half(values):
+    n = len(values)
+    return T975[n - 1] * np.std(values, ddof=1) / math.sqrt(n)
+
+
+def test_every_artefact_is_written(compared):
+    _, out, stdout = compared
+    for name in ("report.md", "results.json", "episodes.csv", "runs.csv", "ratings.csv", "curves.csv",
+                 "config.toml", "learning_curves.png", "training_curves.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    for png in ("learning_curves.png", "training_curves.png"):
+        assert Image.open(out / png).size == (1200, 450)
+    for variant in ("shared", "independent"):
+        for seed in (1, 2):
+            run = out / "runs" / f"{variant}-s{seed}"
+            for name in ("config.toml", "episodes.csv", "train.csv", "eval.csv", "valid.csv",
+                         "checkpoints/latest.pt", "checkpoints/best.pt"):
+                assert (run / name).is_file(), run / name
+            assert [int(r["step"]) for r in read_csv(run / "eval.csv")] == [100, 100, 200, 200, 300, 300]
+    report = (out / "report.md").read_text()
+    for heading in ("## Summary", "## Head-to-head", "## Runs", "## Ratings", "## Random baseline",
+                    "## Learning curves", "## Protocol", "## Config"):
+        assert heading in report
+    assert "![periodic evaluation](learning_curves.png)" in report
+    assert "report: " in stdout and "head-to-head: shared" in stdout
+
+
+def test_report_numbers_equal_a_recomputation_from_the_raw_csv(compared):
+    _, out, _ = compared
+    rows = read_csv(out / "episodes.csv")
+    results = json.loads((out / "results.json").read_text())
+    report = (out / "report.md").read_text()
+    summary_rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+                    for line in report.split("## Head-to-head")[0].splitlines() if line.startswith("| ")}
+
+    # score against random per variant and seat: each seed's mean over its episodes, then mean +- t CI over seeds
+    for variant in ("shared", "independent"):
+        seat_means = []
+        for seat in SEATS:
+            per_seed = []
+            for seed in (1, 2):
+                scores = [float(r["score"]) for r in rows if r["match"] == "vs_random" and r["seat"] == seat
+                          and r["player"] == f"{variant}-s{seed}"]
+                assert len(scores) == 4
+                per_seed.append(np.mean(scores))
+                run = next(x for x in results["runs"] if x["name"] == f"{variant}-s{seed}")
+                assert run["final"]["vs_random"][seat]["mean"] == pytest.approx(np.mean(scores))
+                assert run["final"]["vs_random"][seat]["half_width"] == pytest.approx(half(scores))
+            got = results["variants"][variant]["vs_random"][seat]
+            assert got["n"] == 2 and got["mean"] == pytest.approx(np.mean(per_seed))
+            assert got["half_width"] == pytest.approx(half(per_seed))
+            column = 1 + SEATS.index(seat)
+            assert summary_rows[variant][column] == f"{np.mean(per_seed):.2f} ± {half(per_seed):.2f}"
+            seat_means.append(per_seed)
+        assert results["variants"][variant]["seeds"] == 2 and summary_rows[variant][0] == "2"
+
+    # the random baseline: all-random episodes on the same seeds
+    for seat in SEATS:
+        scores = [float(r["score"]) for r in rows if r["match"] == "random_vs_random" and r["seat"] == seat]
+        assert len(scores) == 4
+        assert results["baseline"][seat]["mean"] == pytest.approx(np.mean(scores))
+        assert summary_rows["random (baseline)"][1 + SEATS.index(seat)] == f"{np.mean(scores):.2f} ± {half(scores):.2f}"
+    assert sorted({int(r["seed"]) for r in rows}) == [100_000 + k for k in range(4)]
+
+    # head-to-head: every shared final network against every independent one, seats swapped
+    wins = draws = losses = 0
+    pair_points = []
+    for a in ("shared-s1", "shared-s2"):
+        for b in ("independent-s1", "independent-s2"):
+            games = {}
+            for r in rows:
+                players = {p.split("=")[1] for p in r["setting"].split(" ")}
+                if r["match"] == "cross" and players == {a, b} and r["player"] == a:
+                    games[(r["setting"], r["episode"])] = r["outcome"]
+            assert len(games) == 2 * 2  # 2 seat assignments x 2 episodes
+            w, d, l = (sum(1 for o in games.values() if o == k) for k in ("win", "draw", "loss"))
+            wins, draws, losses = wins + w, draws + d, losses + l
+            pair_points.append((w + d / 2) / len(games))
+    rec = results["head_to_head"]["record"]
+    assert (rec["wins"], rec["draws"], rec["losses"]) == (wins, draws, losses)
+    assert results["head_to_head"]["score"]["mean"] == pytest.approx(np.mean(pair_points))
+    assert results["head_to_head"]["score"]["half_width"] == pytest.approx(half(pair_points))
+    assert f"{wins}/{draws}/{losses} (" in report
+
+    # ratings: at the fitted ratings each player's expected points equal its actual points, plus the
+    # virtual draw per opponent met (the likelihood equations), computed here from the rows
+    ratings = {r["player"]: float(r["rating"]) for r in read_csv(out / "ratings.csv")}
+    assert ratings["random"] == 0.0
+    episodes = {}
+    for r in rows:
+        if r["match"] != "random_vs_random":
+            episodes.setdefault((r["match"], r["setting"], r["episode"]), {})[r["side"]] = r
+    actual = {p: 0.0 for p in ratings}
+    expected = {p: 0.0 for p in ratings}
+    met = set()
+    for sides in episodes.values():
+        (x, y) = sides.values()
+        if x["player"] == y["player"]:
+            continue
+        met.add(frozenset((x["player"], y["player"])))
+        actual[x["player"]] += {"win": 1, "draw": 0.5, "loss": 0}[x["outcome"]]
+        actual[y["player"]] += {"win": 1, "draw": 0.5, "loss": 0}[y["outcome"]]
+        expected[x["player"]] += expected_score(ratings[x["player"]], ratings[y["player"]])
+        expected[y["player"]] += expected_score(ratings[y["player"]], ratings[x["player"]])
+    for pair in met:
+        p, q = tuple(pair)
+        actual[p] += 0.5
+        actual[q] += 0.5
+        expected[p] += expected_score(ratings[p], ratings[q])
+        expected[q] += expected_score(ratings[q], ratings[p])
+    for p in ratings:
+        assert expected[p] == pytest.approx(actual[p], abs=1e-4), p
+
+    # runs.csv and the run facts come from the runs' checkpoints and files
+    for r in read_csv(out / "runs.csv"):
+        assert int(r["steps"]) == 300
+        train = read_csv(out / "runs" / r["run"] / "train.csv")
+        updates = sum(int(t["updates"]) for t in train if int(t["step"]) == 300)
+        assert int(r["updates"]) == updates and int(r["samples"]) == 32 * updates
+        assert updates == (200 if r["variant"] == "shared" else 400)  # update_freq 1 after step 100, per learner
+
+
+def test_rerun_keeps_finished_runs_and_reuses_evaluations(compared):
+    tmp, out, _ = compared
+    checkpoints = sorted((out / "runs").glob("*/checkpoints/*.pt"))
+    before = {p: p.stat().st_mtime_ns for p in checkpoints}
+    results_before = json.loads((out / "results.json").read_text())
+    proc = cli("compare", *ARGS, "--out", out, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("finished earlier (300 agent steps): kept") == 4
+    assert re.search(r"(\d+) of \1 evaluation matches read from", proc.stdout)
+    assert {p: p.stat().st_mtime_ns for p in checkpoints} == before
+    results = json.loads((out / "results.json").read_text())
+    assert results["variants"] == results_before["variants"] and results["ratings"] == results_before["ratings"]
+
+
+def test_unfinished_runs_resume_and_mismatched_configs_are_refused(compared, tmp_path):
+    tmp, out, _ = compared
+    # a run stopped at step 150 (its checkpoint) continues to 300; the other runs are kept
+    from madqn.compare import CompareSettings, plan_runs, train_command
+    from madqn.config import make_config
+
+    cfg = make_config(out / "config.toml")
+    settings = CompareSettings(config=cfg, seeds=[1, 2], out=out)
+    assert [p.status for p in plan_runs(settings)] == ["done"] * 4
+    longer = CompareSettings(config=cfg.replace(steps=400), seeds=[1, 2], out=out)
+    plans = plan_runs(longer)
+    assert [(p.status, p.step) for p in plans] == [("resume", 300)] * 4
+    command = train_command(longer, plans[0], out / "config.toml")
+    assert command[-6:] == ["--resume", str(out / "runs" / "shared-s1"), "--steps", "400", "--set", "num_threads=1"] \
+        or command[-4:] == ["--resume", str(out / "runs" / "shared-s1"), "--steps", "400"]
+    proc = cli("compare", *ARGS, "--out", out, "--set", "lr=0.001", cwd=tmp)
+    assert proc.returncode == 2 and "was trained with lr = 0.0005" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
