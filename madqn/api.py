@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from madqn.checkpoint import atomic_save, trainer_state, replay_state
 from madqn.config import Config, make_config
 from madqn.errors import MadqnError
+from madqn.evaluation import EvalResult, evaluate
 from madqn.metrics import MetricsHook
 from madqn.runner import Hook, Trainer, default_run_dir
 
@@ -24,6 +25,8 @@ class RunResult:
     wall_time: float  # seconds
     checkpoint: Path
     recent_scores: dict[str, float]  # agent -> mean raw score over its last (up to 20) training episodes
+    eval_scores: dict[str, float] = field(default_factory=dict)  # agent -> mean raw score of the final evaluation
+    evaluation: EvalResult | None = None  # the final evaluation's per-episode scores (None if final_eval_episodes = 0)
 
 
 class CheckpointHook(Hook):
@@ -81,18 +84,48 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
         env = None
     elif env is not None:
         cfg = cfg.replace(env=getattr(env, "__name__", type(env).__name__))
-    run_dir = prepare_run_dir(Path(run_dir) if run_dir is not None else default_run_dir(cfg), force)
-    (run_dir / "config.toml").write_text(cfg.to_toml())
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     metrics = MetricsHook(run_dir)
     checkpoints = CheckpointHook(run_dir)
-    trainer = Trainer(cfg, env, hooks=[metrics, checkpoints, *hooks])
+    trainer = Trainer(cfg, env, hooks=[metrics, checkpoints, *hooks])  # a bad env fails before the run dir is touched
+    try:
+        prepare_run_dir(run_dir, force)
+    except BaseException:
+        trainer.close()
+        raise
+    (run_dir / "config.toml").write_text(cfg.to_toml())
     start = time.time()
     try:
         trainer.run()
+        wall_time = time.time() - start
+        evaluation = final_evaluation(trainer, env if env is not None else cfg.env, run_dir)
     finally:
         trainer.close()
     return RunResult(
         run_dir=run_dir, steps=trainer.step, episodes=trainer.episodes,
-        updates={g.name: g.updates for g in trainer.groups}, wall_time=time.time() - start,
+        updates={g.name: g.updates for g in trainer.groups}, wall_time=wall_time,
         checkpoint=checkpoints.dir / "latest.pt",
-        recent_scores={a: sum(d) / len(d) for a, d in metrics.recent.items() if d})
+        recent_scores={a: sum(d) / len(d) for a, d in metrics.recent.items() if d},
+        eval_scores=evaluation.mean_scores() if evaluation is not None else {}, evaluation=evaluation)
+
+
+def final_evaluation(trainer: Trainer, env: Any, run_dir: Path) -> EvalResult | None:
+    """``final_eval_episodes`` episodes of the trained networks (epsilon ``eval_ep``, raw scores,
+    within ``eval_steps`` agent steps) on a fresh env (or the given env instance), written to
+    ``final_eval.csv``. Seeds differ from the training envs'."""
+    from madqn.agents import Agents
+    from madqn.metrics import CsvWriter
+
+    cfg = trainer.config
+    if cfg.final_eval_episodes == 0:
+        return None
+    agents = Agents.from_trainer(trainer, seed=cfg.seed)
+    result = evaluate(env, agents, episodes=cfg.final_eval_episodes, epsilon=cfg.eval_ep,
+                      seed=cfg.seed + 1_000_000, max_steps=cfg.eval_steps, config=cfg)
+    writer = CsvWriter(Path(run_dir) / "final_eval.csv", ["episode", "agent", "score", "length", "epsilon", "step"])
+    for k in range(result.episodes):
+        for a in result.agents:
+            writer.write({"episode": k + 1, "agent": a, "score": result.scores[a][k], "length": result.lengths[a][k],
+                          "epsilon": cfg.eval_ep, "step": trainer.step})
+    writer.close()
+    return result

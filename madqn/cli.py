@@ -47,6 +47,10 @@ def run_train(args: argparse.Namespace) -> int:
     result = train(args.env, args.config, run_dir=args.run_dir, force=args.force, **overrides)
     print(f"done: {result.steps} agent steps, {result.episodes} episodes, updates {result.updates}, "
           f"{result.wall_time:.1f} s; run directory {result.run_dir}")
+    if result.evaluation is not None:
+        scores = ", ".join(f"{a} {s:.3g}" for a, s in result.eval_scores.items()) or "no episode completed"
+        print(f"final evaluation ({result.evaluation.episodes} episodes, epsilon {result.evaluation.epsilon}): "
+              f"mean score {scores}")
     return 0
 
 

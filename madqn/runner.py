@@ -19,7 +19,7 @@ import torch
 
 from madqn.actor import RecentHistory, epsilon_greedy, linear_epsilon
 from madqn.config import Config
-from madqn.env import make_env
+from madqn.env import is_pettingzoo_env, make_env
 from madqn.errors import MadqnError
 from madqn.learner import Learner
 from madqn.networks import build_q_network
@@ -100,6 +100,8 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.rng = np.random.default_rng(config.seed)
         env_spec = config.env if env is None else env
+        if config.num_envs > 1 and is_pettingzoo_env(env_spec):
+            raise MadqnError("num_envs > 1 needs an env spec or a factory (one env per copy), not an env instance")
         self.envs = [make_env(env_spec, config, seed=config.seed + 1000 * i) for i in range(config.num_envs)]
         first = self.envs[0]
         self.agents = list(first.possible_agents)
