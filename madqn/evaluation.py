@@ -28,7 +28,8 @@ class Policy(Protocol):
 
 
 class RandomPolicy:
-    """Uniformly random over each agent's legal actions (``infos[agent]["action_mask"]``, else all)."""
+    """Uniformly random over each agent's legal actions (``infos[agent]["action_mask"]``, or the
+    observation's ``"action_mask"`` for ``{"observation", "action_mask"}`` dicts, else all)."""
 
     def __init__(self, n_actions: Mapping[str, int], seed: int | None = None):
         self.n_actions = dict(n_actions)
@@ -41,8 +42,10 @@ class RandomPolicy:
             epsilon: float = 1.0) -> dict[str, int]:
         infos = infos or {}
         actions = {}
-        for a in observations:
+        for a, obs in observations.items():
             mask = (infos.get(a) or {}).get("action_mask")
+            if mask is None and isinstance(obs, Mapping):
+                mask = obs.get("action_mask")
             legal = np.arange(self.n_actions[a]) if mask is None else np.flatnonzero(np.asarray(mask, bool))
             if legal.size == 0:
                 raise ValueError(f"agent {a} has no legal action")

@@ -243,3 +243,17 @@ def test_cli_trains_on_examples(tmp_path, madqn_cli, spec, config, sharing):
     assert state["step"] == 160 and state["config"]["env"] == spec and state["config"]["sharing"] == sharing
     assert all(g["updates"] == 15 for g in state["groups"].values())
     assert len(read_csv(run_dir / "final_eval.csv")) == 2 * len(state["agents"])
+
+
+def test_readme_example_runs(tmp_path, monkeypatch):
+    """The "Your own environment" example, as printed, with a shorter run and the run dir in tmp."""
+    text = (ROOT / "README.md").read_text()
+    code = text.split("## Your own environment", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert len([line for line in code.splitlines() if line.strip()]) < 10  # "in under ten lines"
+    short = code.replace('"runs/c4"', repr(str(tmp_path / "c4"))).replace("steps=20_000", "steps=300, final_eval_episodes=2")
+    assert short != code and "steps=300" in short
+    monkeypatch.chdir(ROOT)
+    namespace = {}
+    exec(compile(short, "README.md", "exec"), namespace)
+    assert namespace["result"].steps == 300 and set(namespace["result"].eval_scores) == {"player_0", "player_1"}
+    assert namespace["env"].agents == []  # the loaded agents played a whole game
