@@ -75,6 +75,8 @@ class GridRaceEnv(ParallelEnv):
         time_up = self._t >= self.max_steps
         for agent in acting:
             i = self.possible_agents.index(agent)
+            if not self.action_space(agent).contains(actions[agent]):
+                raise ValueError(f"{agent}: action {actions[agent]} is not in {self.action_space(agent)}")
             dx, dy = MOVES[int(actions[agent])]
             self._pos[i] = np.clip(self._pos[i] + (dx, dy), 0, self.size - 1)
             arrived = bool((self._pos[i] == self._flag[i]).all())

@@ -17,7 +17,7 @@ from torch import nn
 
 from madqn.actor import RecentHistory, epsilon_greedy
 from madqn.config import FIELD_NAMES, Config
-from madqn.env import ObservationSpec, make_env, observation_specs
+from madqn.env import ObservationSpec, action_starts, make_env, observation_specs
 from madqn.errors import CheckpointError, MadqnError
 from madqn.networks import build_q_network
 
@@ -31,12 +31,14 @@ class Agents:
 
     def __init__(self, networks: Mapping[str, nn.Module], specs: Mapping[str, ObservationSpec],
                  n_actions: Mapping[str, int], hist_len: int, *, agent_ids: Mapping[str, int] | None = None,
-                 device: torch.device | str = "cpu", seed: int | None = None):
+                 action_starts: Mapping[str, int] | None = None, device: torch.device | str = "cpu",
+                 seed: int | None = None):
         self.possible_agents = list(specs)
         self.networks = dict(networks)  # agent -> online network (the same object for a shared network)
         self.specs = dict(specs)
         self.n_actions = {a: int(n) for a, n in n_actions.items()}
         self.agent_ids = dict(agent_ids) if agent_ids is not None else {a: i for i, a in enumerate(self.possible_agents)}
+        self.action_starts = {a: int((action_starts or {}).get(a, 0)) for a in self.possible_agents}
         self.hist_len = int(hist_len)
         self.device = torch.device(device)
         self.rng = np.random.default_rng(seed)
@@ -50,7 +52,8 @@ class Agents:
         networks = {a: g.learner.online_network for g in trainer.groups for a in g.agents}
         n_actions = {a: g.n_actions for g in trainer.groups for a in g.agents}
         return cls(networks, specs, n_actions, trainer.config.hist_len,
-                   agent_ids={a: i for i, a in enumerate(trainer.agents)}, device=trainer.device, seed=seed)
+                   agent_ids={a: i for i, a in enumerate(trainer.agents)}, action_starts=action_starts(trainer.envs[0]),
+                   device=trainer.device, seed=seed)
 
     @classmethod
     def from_state(cls, state: dict[str, Any], *, env: Any = None, device: torch.device | str = "cpu",
@@ -60,10 +63,11 @@ class Agents:
         agents = list(state["agents"])
         if env is not None:
             built = make_env(env, config, convert=False)
-            specs = observation_specs(built, config)
+            specs, starts = observation_specs(built, config), action_starts(built)
             built.close()
         elif "observations" in state:
             specs = {a: ObservationSpec.from_dict(d) for a, d in state["observations"].items()}
+            starts = dict(state.get("action_starts", {}))
         else:
             raise CheckpointError(f"{source} does not say how observations are read; pass env= to load_agents")
         missing = [a for a in agents if a not in specs]
@@ -85,7 +89,7 @@ class Agents:
             for a in members:
                 networks[a], n_actions[a] = network, int(group["n_actions"])
         return cls(networks, {a: specs[a] for a in agents}, n_actions, config.hist_len,
-                   agent_ids={a: i for i, a in enumerate(agents)}, device=device, seed=seed)
+                   agent_ids={a: i for i, a in enumerate(agents)}, action_starts=starts, device=device, seed=seed)
 
     # ---- acting ---------------------------------------------------------------------------
     def reset(self, agents: list[str] | None = None) -> None:
@@ -95,7 +99,7 @@ class Agents:
 
     def act(self, observations: Mapping[str, Any], infos: Mapping[str, Any] | None = None,
             epsilon: float = 0.0) -> dict[str, int]:
-        """Actions for the agents in ``observations`` (raw env observations), one batched forward per network.
+        """Env actions for the agents in ``observations`` (raw env observations), one batched forward per network.
 
         Legal actions come from ``{"observation", "action_mask"}`` observations or
         ``infos[agent]["action_mask"]``; illegal ones are never chosen, randomly or greedily.
@@ -123,7 +127,7 @@ class Agents:
                 return self._q_values(network, [members[k] for k in rows])
 
             chosen = epsilon_greedy(q_fn, len(members), epsilon, self.rng, n, legal)
-            actions.update({a: int(x) for a, x in zip(members, chosen)})
+            actions.update({a: int(x) + self.action_starts[a] for a, x in zip(members, chosen)})
         return {a: actions[a] for a in observations}
 
     def _q_values(self, network: nn.Module, agents: list[str]) -> np.ndarray:

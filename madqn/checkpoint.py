@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from madqn.env import observation_specs
+from madqn.env import action_starts, observation_specs
 from madqn.errors import CheckpointError
 
 FORMAT_VERSION = 1
@@ -67,6 +67,7 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
         "agents": list(trainer.agents),
         # how each agent's raw observations become network inputs (madqn.load_agents needs it)
         "observations": {a: spec.to_dict() for a, spec in observation_specs(trainer.envs[0], trainer.config).items()},
+        "action_starts": action_starts(trainer.envs[0]),
         "step": trainer.step,
         "episodes": trainer.episodes,
         "groups": {g.name: {"agents": list(g.agents), "n_actions": g.n_actions, "learner": g.learner.state_dict(),

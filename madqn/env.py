@@ -282,6 +282,12 @@ def _image_layout(shape: tuple[int, ...]) -> str | None:
     return layout if min(side) >= IMAGE_MIN_SIDE else None
 
 
+def action_starts(env: Any) -> dict[str, int]:
+    """Each agent's ``Discrete.start``: madqn's action k is the env's action ``start + k``."""
+    return {a: int(getattr(env._action_spaces[a] if isinstance(env, _Adapter) else env.action_space(a), "start", 0))
+            for a in env.possible_agents}
+
+
 def observation_specs(env: Any, config: Config) -> dict[str, ObservationSpec]:
     """Each agent's spec of an env in the internal interface (adapters know theirs; Atari frames are images)."""
     if isinstance(getattr(env, "specs", None), dict):
@@ -315,11 +321,14 @@ class _Adapter:
         return self.specs[agent].space if self.convert else self.env.observation_space(agent)
 
     def action_space(self, agent: str) -> spaces.Discrete:
-        """``Discrete(n)``: madqn's actions are 0..n-1 (an env's ``start`` offset is added when stepping)."""
+        """``Discrete(n)``: madqn's actions are 0..n-1 (an env's ``start`` offset is added when stepping);
+        with ``convert=False`` the env's own space (actions are passed through)."""
+        if not self.convert:
+            return self._action_spaces[agent]
         return spaces.Discrete(int(self._action_spaces[agent].n))
 
-    def _env_action(self, agent: str, action: Any) -> int:
-        return int(action) + int(self._action_spaces[agent].start)
+    def _env_action(self, agent: str, action: Any) -> Any:
+        return int(action) + int(self._action_spaces[agent].start) if self.convert else action
 
     def _first_seed(self, seed: int | None) -> int | None:
         if seed is None and self._seed is not None:

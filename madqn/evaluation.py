@@ -3,9 +3,9 @@
 DQN3.0 evaluates with epsilon 0.05 on raw (unclipped) scores within a step budget (eval_steps)
 and drops the episode the budget cuts short; ``evaluate`` does the same with an episode count on
 top. Policies see the env's raw observations (``make_env(..., convert=False)``), legal-action
-masks in ``infos[agent]["action_mask"]``. A policy is anything with ``reset()`` and
-``act(observations, infos, epsilon) -> {agent: action}``: trained :class:`madqn.agents.Agents`,
-:class:`RandomPolicy`, or your own.
+masks in ``infos[agent]["action_mask"]``, and return the env's own actions. A policy is anything
+with ``reset()`` and ``act(observations, infos, epsilon) -> {agent: action}``: trained
+:class:`madqn.agents.Agents`, :class:`RandomPolicy`, or your own.
 """
 
 from __future__ import annotations
@@ -29,10 +29,14 @@ class Policy(Protocol):
 
 class RandomPolicy:
     """Uniformly random over each agent's legal actions (``infos[agent]["action_mask"]``, or the
-    observation's ``"action_mask"`` for ``{"observation", "action_mask"}`` dicts, else all)."""
+    observation's ``"action_mask"`` for ``{"observation", "action_mask"}`` dicts, else all).
 
-    def __init__(self, n_actions: Mapping[str, int], seed: int | None = None):
-        self.n_actions = dict(n_actions)
+    ``action_spaces``: agent -> ``Discrete`` space (its ``start`` offset is honoured) or action count.
+    """
+
+    def __init__(self, action_spaces: Mapping[str, Any], seed: int | None = None):
+        self.n_actions = {a: int(getattr(s, "n", s)) for a, s in action_spaces.items()}
+        self.starts = {a: int(getattr(s, "start", 0)) for a, s in action_spaces.items()}
         self.rng = np.random.default_rng(seed)
 
     def reset(self) -> None:
@@ -49,7 +53,7 @@ class RandomPolicy:
             legal = np.arange(self.n_actions[a]) if mask is None else np.flatnonzero(np.asarray(mask, bool))
             if legal.size == 0:
                 raise ValueError(f"agent {a} has no legal action")
-            actions[a] = int(self.rng.choice(legal))
+            actions[a] = int(self.rng.choice(legal)) + self.starts[a]
         return actions
 
 
@@ -87,6 +91,8 @@ def evaluate(env: Any, policies: Policy | str | Mapping[str, Policy | str], *, e
     """
     if episodes < 0:
         raise MadqnError(f"episodes must be >= 0, got {episodes}")
+    if isinstance(env, _Adapter) and env.convert:
+        raise MadqnError("evaluate needs raw observations: build the env with make_env(..., convert=False)")
     owned = not isinstance(env, _Adapter) and not _is_env_instance(env)
     game = env if isinstance(env, _Adapter) else make_env(env, config or Config(), convert=False)
     try:
@@ -137,7 +143,7 @@ def _is_env_instance(env: Any) -> bool:
 
 
 def _seat_policies(game: Any, policies: Any, seed: int | None) -> dict[str, Any]:
-    n_actions = {a: int(game.action_space(a).n) for a in game.possible_agents}
+    action_spaces = {a: game.action_space(a) for a in game.possible_agents}
     random_policy = None
 
     def resolve(p: Any) -> Any:
@@ -146,7 +152,7 @@ def _seat_policies(game: Any, policies: Any, seed: int | None) -> dict[str, Any]
             if p != "random":
                 raise MadqnError(f"unknown policy '{p}' (use 'random' or a policy object)")
             if random_policy is None:
-                random_policy = RandomPolicy(n_actions, seed=seed)
+                random_policy = RandomPolicy(action_spaces, seed=seed)
             return random_policy
         return p
 

@@ -257,3 +257,30 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     exec(compile(short, "README.md", "exec"), namespace)
     assert namespace["result"].steps == 300 and set(namespace["result"].eval_scores) == {"player_0", "player_1"}
     assert namespace["env"].agents == []  # the loaded agents played a whole game
+
+
+def test_independent_networks_for_agents_with_different_spaces(tmp_path):
+    result = madqn.train(gridrace.make_heterogeneous_env, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run",
+                         sharing="independent", **{**TINY, "steps": 400})
+    state = safe_load(result.checkpoint)
+    online = {name: g["learner"]["online"] for name, g in state["groups"].items()}
+    first_layer = {name: w["layers.0.weight"].shape[1] for name, w in online.items()}
+    last_layer = {name: w[max(k for k in w if k.endswith(".weight"))].shape[0] for name, w in online.items()}
+    assert first_layer == {"runner_0": 6, "runner_1": 5, "runner_2": 5}
+    assert last_layer == {"runner_0": 4, "runner_1": 5, "runner_2": 5}
+    assert result.updates == {"runner_0": 75, "runner_1": 75, "runner_2": 75}
+    agents = madqn.load_agents(result.run_dir)
+    env = gridrace.make_heterogeneous_env()
+    obs, _ = env.reset(seed=0)
+    for _ in range(10):  # the env rejects actions outside Discrete(4, start=1) for runner_0
+        if not env.agents:
+            break
+        obs, *_ = env.step(agents.act({a: obs[a] for a in env.agents}, epsilon=0.5))
+
+
+def test_several_env_copies_of_a_custom_env(tmp_path):
+    result = madqn.train(gridrace.make_env, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run",
+                         **{**TINY, "num_envs": 2, "steps": 400})
+    assert result.steps == 400 and result.updates == {"shared": 75}
+    with pytest.raises(madqn.MadqnError, match="num_envs > 1 needs an env spec or a factory"):
+        madqn.train(gridrace.make_env(), ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "r2", num_envs=2)
