@@ -70,6 +70,17 @@ def resolve_config(config: Config | str | Path | None, overrides: dict[str, Any]
     return make_config(config, overrides)
 
 
+def env_name(env: Any) -> str:
+    """What ``config.env`` records for an env given as an object: ``module:function`` when that is an
+    importable spec, else the function's or the env's name."""
+    module, qualname = getattr(env, "__module__", None), getattr(env, "__qualname__", "")
+    if module and callable(env) and qualname.isidentifier() and not module.startswith(("madqn_user_env_", "__main__")):
+        return f"{module}:{qualname}"
+    if hasattr(env, "__name__"):
+        return env.__name__
+    return str(getattr(env, "metadata", {}).get("name") or type(env).__name__)
+
+
 def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir: str | Path | None = None,
           force: bool = False, hooks: Iterable[Hook] = (), **overrides: Any) -> RunResult:
     """Train DQN3.0 agents.
@@ -83,7 +94,7 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
         cfg = cfg.replace(env=env)
         env = None
     elif env is not None:
-        cfg = cfg.replace(env=getattr(env, "__name__", type(env).__name__))
+        cfg = cfg.replace(env=env_name(env))
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     metrics = MetricsHook(run_dir)
     checkpoints = CheckpointHook(run_dir)

@@ -157,6 +157,7 @@ class ObservationSpec:
     raw_shape: tuple[int, ...]
     preprocess: bool = False
     size: int = 0  # discrete: number of values
+    start: int = 0  # discrete: the space's first value
     dict_obs: bool = False
 
     @property
@@ -183,7 +184,7 @@ class ObservationSpec:
         x = raw["observation"] if self.dict_obs else raw
         if self.kind == "vector":
             if self.layout == "discrete":
-                return np.eye(self.size, dtype=np.float32)[int(x)]
+                return np.eye(self.size, dtype=np.float32)[int(x) - self.start]
             return np.asarray(x, dtype=np.float32).reshape(self.shape)
         x = np.asarray(x)
         if self.layout == "CHW":
@@ -244,7 +245,7 @@ def observation_spec(agent: str, space: Any, config: Config) -> ObservationSpec:
     if isinstance(space, spaces.Discrete):
         if config.network == "conv":
             raise MadqnError(f"agent {agent}: network = conv needs image observations, got {space}")
-        return ObservationSpec("vector", "discrete", (), size=int(space.n), dict_obs=dict_obs)
+        return ObservationSpec("vector", "discrete", (), size=int(space.n), start=int(space.start), dict_obs=dict_obs)
     if not isinstance(space, (spaces.Box, spaces.MultiBinary)):
         raise MadqnError(f"agent {agent}: observation space {space} is not supported "
                          "(need a Box of pixels or numbers, a Discrete, or a Dict with 'observation')")
@@ -364,7 +365,9 @@ class ParallelAdapter(_Adapter):
         obs, rewards, terms, truncs, infos = self.env.step(
             {a: self._env_action(a, act) for a, act in actions.items()})
         obs, infos = self._observe_all(obs, infos)
-        return obs, dict(rewards), dict(terms), dict(truncs), infos
+        known = self.specs  # PettingZoo allows extra keys (e.g. "common"); agents only from here on
+        return (obs, {a: r for a, r in rewards.items() if a in known}, {a: t for a, t in terms.items() if a in known},
+                {a: t for a, t in truncs.items() if a in known}, infos)
 
     def _observe_all(self, obs: dict, infos: dict) -> tuple[dict, dict]:
         out_obs, out_infos = {}, {}

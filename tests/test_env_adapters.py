@@ -101,6 +101,9 @@ def test_vectors_and_overrides():
     assert as_image.kind == "image"
     discrete = spec_for(spaces.Discrete(4))
     assert np.array_equal(discrete.convert(2), [0, 0, 1, 0])
+    assert np.array_equal(spec_for(spaces.Discrete(3, start=1)).convert(3), [0, 0, 1])
+    binary = spec_for(spaces.MultiBinary(5))
+    assert binary.kind == "vector" and np.array_equal(binary.convert(np.array([1, 0, 1, 1, 0], np.int8)), [1, 0, 1, 1, 0])
 
 
 def test_dict_observations_with_action_masks():
