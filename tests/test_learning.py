@@ -1,4 +1,5 @@
-"""Learning: DQN3.0's conv stack learns envs/catch.py on a CPU, clearly beating random agents.
+"""Learning: DQN3.0's conv stack learns envs/catch.py and the MLP learns envs/gridrace.py on a CPU,
+clearly beating random agents.
 
 Thresholds come from measured scores (5 balls per episode, score = catches - misses, in [-5, 5]):
 - random agents: mean -2.5 per episode on the 36x36 catch (300 episodes, sd 1.9 per episode, so
@@ -8,6 +9,13 @@ Thresholds come from measured scores (5 balls per episode, score = catches - mis
 Each agent must average >= 1.0 over 20 evaluation episodes (epsilon eval_ep = 0.05) — about 3
 points below every trained run and 7 sds of a random mean above random — and beat random agents
 on the same 20 episode seeds by >= 3.0.
+
+envs/gridrace.py (3 runners, -0.05 per step, +1 at the flag; the best score is 1 - 0.05 * distance,
+0.83 on average): random agents score -0.79 / -0.84 / -0.74 (200 episodes); configs/gridrace.toml
+(20000 agent steps, shared MLP) reaches 0.82 / 0.83 / 0.68 as a parallel env and 0.81 / 0.83 / 0.67
+played turn by turn as an AEC env (on the final evaluation's 20 seeds random agents average
+-0.51 / -0.78 / -0.34; the late joiner loses less time). Each runner must average >= 0.4 and beat
+random on the same seeds by >= 0.75.
 """
 
 from pathlib import Path
@@ -53,6 +61,27 @@ def test_conv_stack_learns_catch_from_rgb_images(tmp_path):
     """RGB 48x66 images preprocessed to 84x84 luminance (DQN3.0's pipeline), a few CPU minutes."""
     result = madqn.train(_full(), ROOT / "configs" / "catch.toml", run_dir=tmp_path / "run")
     check_learned(result, _full())
+
+
+def check_gridrace(result, factory):
+    random = madqn.evaluate(factory, "random", episodes=result.evaluation.episodes, seed=result_seed(result))
+    trained, baseline = result.eval_scores, random.mean_scores()
+    print(f"trained {trained} random {baseline} training {result.wall_time:.0f} s")
+    for agent in trained:
+        assert trained[agent] >= 0.4 and trained[agent] - baseline[agent] >= 0.75, (trained, baseline)
+
+
+def test_mlp_learns_gridrace_turn_by_turn(tmp_path):
+    """Default suite: the AEC version (agents finish at different times, one joins late), ~20 s of CPU."""
+    factory = madqn.env.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_aec_env")
+    check_gridrace(madqn.train(factory, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run"), factory)
+
+
+@pytest.mark.slow
+def test_mlp_learns_gridrace_parallel_independent(tmp_path):
+    factory = madqn.env.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_env")
+    check_gridrace(madqn.train(factory, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run",
+                               sharing="independent"), factory)
 
 
 def _small():
