@@ -285,7 +285,7 @@ def _image_layout(shape: tuple[int, ...]) -> str | None:
 
 def action_starts(env: Any) -> dict[str, int]:
     """Each agent's ``Discrete.start``: madqn's action k is the env's action ``start + k``."""
-    return {a: int(getattr(env._action_spaces[a] if isinstance(env, _Adapter) else env.action_space(a), "start", 0))
+    return {a: int(getattr(env._action_spaces[a] if isinstance(env, Adapter) else env.action_space(a), "start", 0))
             for a in env.possible_agents}
 
 
@@ -298,7 +298,7 @@ def observation_specs(env: Any, config: Config) -> dict[str, ObservationSpec]:
 
 # ---- adapters ----------------------------------------------------------------------------------
 
-class _Adapter:
+class Adapter:
     """Shared parts of the two adapters: spaces, seeding on the first reset, observation conversion."""
 
     def __init__(self, env: Any, config: Config, seed: int | None = None, convert: bool = True):
@@ -354,7 +354,7 @@ class _Adapter:
         self.env.close()
 
 
-class ParallelAdapter(_Adapter):
+class ParallelAdapter(Adapter):
     """A PettingZoo ``ParallelEnv``: every live agent acts each step; agents may finish early or join late."""
 
     def reset(self, seed: int | None = None):
@@ -380,7 +380,7 @@ class ParallelAdapter(_Adapter):
         return out_obs, out_infos
 
 
-class AECAdapter(_Adapter):
+class AECAdapter(Adapter):
     """A PettingZoo ``AECEnv`` played turn by turn (``env.agent_selection`` is the one agent to act).
 
     After each move the env is advanced to the next agent that must act: every agent it selects on

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Protocol
 import numpy as np
 
 from madqn.config import Config
-from madqn.env import _Adapter, make_env
+from madqn.env import Adapter, is_pettingzoo_env, make_env
 from madqn.errors import MadqnError
 
 
@@ -91,10 +91,10 @@ def evaluate(env: Any, policies: Policy | str | Mapping[str, Policy | str], *, e
     """
     if episodes < 0:
         raise MadqnError(f"episodes must be >= 0, got {episodes}")
-    if isinstance(env, _Adapter) and env.convert:
+    if isinstance(env, Adapter) and env.convert:
         raise MadqnError("evaluate needs raw observations: build the env with make_env(..., convert=False)")
-    owned = not isinstance(env, _Adapter) and not _is_env_instance(env)
-    game = env if isinstance(env, _Adapter) else make_env(env, config or Config(), convert=False)
+    owned = not isinstance(env, Adapter) and not is_pettingzoo_env(env)  # we built it, we close it
+    game = env if isinstance(env, Adapter) else make_env(env, config or Config(), convert=False)
     try:
         seats = _seat_policies(game, policies, seed)
         unique = list({id(p): p for p in seats.values()}.values())
@@ -134,12 +134,6 @@ def evaluate(env: Any, policies: Policy | str | Mapping[str, Policy | str], *, e
     finally:
         if owned:
             game.close()
-
-
-def _is_env_instance(env: Any) -> bool:
-    from madqn.env import is_pettingzoo_env
-
-    return is_pettingzoo_env(env)
 
 
 def _seat_policies(game: Any, policies: Any, seed: int | None) -> dict[str, Any]:
