@@ -56,6 +56,10 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     print(f"done: {result.steps} agent steps, {result.episodes} episodes, updates {result.updates}, "
           f"{result.wall_time:.1f} s; run directory {result.run_dir}")
+    if result.evaluation is not None:
+        scores = ", ".join(f"{a} {s:.3g}" for a, s in result.eval_scores.items()) or "no episode completed"
+        print(f"final evaluation ({result.evaluation.episodes} episodes, epsilon {result.evaluation.epsilon}): "
+              f"mean score {scores}")
     from madqn.summary import format_summary, summarize_run
 
     print(format_summary(summarize_run(result.run_dir, wall_time=result.wall_time)))

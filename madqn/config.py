@@ -53,9 +53,9 @@ class Config:
     max_cycles: int = _f(27_000, "episodes are truncated (not terminated) after this many agent steps [agent steps]", min=1)
     terminal_on_life_loss: bool = _f(True, "a lost life is a terminal for learning; the game goes on (DQN3.0 training)")
     full_action_space: bool = _f(False, "use all 18 Atari actions instead of the game's minimal set")
-    preprocess: str = _f("auto", "image observations: 'auto' (84x84 luminance unless already 84x84x1), 'atari', 'none'",
+    preprocess: str = _f("auto", "image observations: 'auto' (84x84 luminance unless already 84x84x1), 'atari' (always), 'none' (frames as given)",
                          choices=("auto", "atari", "none"))
-    network: str = _f("auto", "Q-network: 'auto' (conv for images, mlp for vectors), 'conv', 'mlp'",
+    network: str = _f("auto", "Q-network and observation kind: 'auto' (conv for uint8 images, mlp for anything else), 'conv' (read observations as images), 'mlp' (as flat vectors)",
                       choices=("auto", "conv", "mlp"))
     mlp_hidden: list = _f([256, 256], "hidden layer sizes of the MLP Q-network (vector observations)")
 
@@ -86,6 +86,7 @@ class Config:
     eval_freq: int = _f(250_000, "evaluate every eval_freq agent steps (0 = never during training) [agent steps]", min=0)
     eval_steps: int = _f(125_000, "length of one evaluation [agent steps]", min=1)
     eval_ep: float = _f(0.05, "epsilon during evaluation", min=0.0, max=1.0)
+    final_eval_episodes: int = _f(10, "episodes of the evaluation (epsilon eval_ep, at most eval_steps agent steps) at the end of madqn.train; its mean raw scores are the run's result (0 = none)", min=0)
     valid_size: int = _f(500, "held-out transitions (drawn at learn_start) for DQN3.0's V and TD-error statistics", min=0)
     prog_freq: int = _f(10_000, "a progress line and a train.csv row every prog_freq agent steps [agent steps]", min=1)
     save_freq: int = _f(125_000, "checkpoint every save_freq agent steps and at the end [agent steps]", min=1)
