@@ -91,7 +91,7 @@ class Rollout:
     steps: int
     entries: list[Entry]
     episodes: list[EpisodeRecord]
-    restarted: bool = False  # this actor process was rebuilt by Ray since it was first created
+    incarnation: str = ""  # random id of the actor object: a new one means Ray rebuilt the actor
 
 
 def actor_config(config: Config, index: int, reseed: int = 0) -> Config:
@@ -118,6 +118,7 @@ class Actor(Trainer):
         self.fixed_epsilon = apex_epsilons(c.actors, c.apex_eps, c.apex_alpha)[index] \
             if c.actor_epsilons == "apex" else None
         self.weights_version = -1
+        self.incarnation = os.urandom(8).hex()
 
     def _build_groups(self, env: Any) -> list[Group]:
         """Networks built as the Trainer builds them (same torch RNG draws); recorders for replay."""
@@ -155,16 +156,7 @@ class Actor(Trainer):
         while self.step - start < n_steps:
             self.env_step()
         entries = [e for g in self.groups for e in g.replay.entries]
-        return Rollout(self.index, self.step - start, entries, self.collector.records, _was_restarted())
-
-
-def _was_restarted() -> bool:
-    try:
-        import ray
-
-        return bool(ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed)
-    except Exception:
-        return False
+        return Rollout(self.index, self.step - start, entries, self.collector.records, self.incarnation)
 
 
 @dataclass
@@ -219,7 +211,7 @@ class RayPool:
                 ray.init(num_cpus=max(config.actors, os.cpu_count() or 1), include_dashboard=False,
                          log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
             self.started = True
-        remote = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(RayActorProcess)
+        remote = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=-1)(RayActorProcess)
         self.handles = [remote.remote(config.to_dict(), i, env_spec) for i in range(config.actors)]
         self.pending: dict[Any, int] = {}  # object ref -> actor
 
@@ -274,7 +266,7 @@ class RayActorProcess:
     def rollout(self, n_steps: int, global_step: int, weights: Any) -> Rollout:
         import ray
 
-        if weights is not None and weights[0] > self.actor.weights_version:  # fetch only a newer version
+        if weights[0] > self.actor.weights_version:  # fetch only a newer version (a rebuilt actor has none)
             weights = (weights[0], ray.get(weights[1]))
         return self.actor.rollout(n_steps, global_step, weights)
 
@@ -329,7 +321,7 @@ class DistributedTrainer(Trainer):
         self.weights_version = 0
         self.rounds_since_sync = 0
         self._published: tuple[int, Any] | None = None
-        self._sent: dict[int, int] = {}  # actor -> weights version it was sent
+        self.incarnations: dict[int, str] = {}  # actor -> id of the actor object its last batch came from
         self.actor_restarts = 0
         self.lost_batches = 0
         if hasattr(probe, "close") and probe is not getattr(self.pool, "actors", [None])[0]:
@@ -361,7 +353,7 @@ class DistributedTrainer(Trainer):
         try:
             for _ in range(c.max_in_flight):
                 for a in range(c.actors):
-                    self.pool.submit(a, c.rollout_len, self.step, self._weights_for_new_call(a))
+                    self.pool.submit(a, c.rollout_len, self.step, self._current_weights())
             while self.step < c.steps and not self.stop_requested:
                 result = self.pool.next(timeout=0 if self._may_float() else None)
                 if result is None:
@@ -369,8 +361,8 @@ class DistributedTrainer(Trainer):
                         raise MadqnError("no actor has a batch outstanding (internal error)")
                     self._learn_rounds(1)  # float ratio: no batch waiting, the learner keeps going
                     continue
-                if isinstance(result, ActorLost):
-                    self._actor_lost(result)
+                if isinstance(result, ActorLost):  # out of restarts, or no task retries on this cluster
+                    self._close_streams(result.actor, f"was lost ({result.reason})")
                     self.pool.submit(result.actor, c.rollout_len, self.step, self._current_weights())
                     continue
                 prev = self.step
@@ -379,7 +371,7 @@ class DistributedTrainer(Trainer):
                 if c.update_ratio == "fixed" and self.learn_from < self.step:
                     rounds = self.step // c.update_freq - max(prev, self.learn_from) // c.update_freq
                     self._learn_rounds(rounds, prev)
-                self.pool.submit(result.actor, c.rollout_len, self.step, self._weights_for_new_call(result.actor))
+                self.pool.submit(result.actor, c.rollout_len, self.step, self._current_weights())
                 for h in self.hooks:
                     h.on_step(self)
         except BaseException:
@@ -422,18 +414,13 @@ class DistributedTrainer(Trainer):
             if isinstance(self.pool, RayPool):
                 payload = (self.weights_version, self.pool.ray.put(weights))  # one copy in the object store
             self._published = payload
-            self._sent = {}
         return self._published
 
-    def _weights_for_new_call(self, actor: int) -> tuple[int, Any] | None:
-        """The current weights when ``actor`` has not been sent this version yet, else None."""
-        payload = self._current_weights()
-        if self._sent.get(actor) == payload[0]:
-            return None
-        self._sent[actor] = payload[0]
-        return payload
-
     def _ingest(self, batch: Rollout) -> None:
+        known = self.incarnations.get(batch.actor)
+        if known is not None and known != batch.incarnation:  # Ray rebuilt the actor; its lost batch never came
+            self._close_streams(batch.actor, "was restarted by Ray")
+        self.incarnations[batch.actor] = batch.incarnation
         for group, local, frame, action, reward, terminal, episode_end, mask in batch.entries:
             g = self.groups[group]
             stream = self.global_stream(group, batch.actor, local)
@@ -456,17 +443,17 @@ class DistributedTrainer(Trainer):
     def _add(self, g: Group, stream: int, frame, action, reward, terminal, episode_end, mask) -> None:
         g.replay.add(stream, frame, action, reward, terminal, episode_end, **self._mask_kw(mask))
 
-    def _actor_lost(self, lost: ActorLost) -> None:
-        """End the actor's open episodes in replay at their last received frame (truncated), as the Trainer
-        does for an env copy reset mid-episode; Ray restarts the actor and it gets the weights again."""
+    def _close_streams(self, actor: int, what: str) -> None:
+        """An actor process died: end its open episodes in replay at their last received frame (truncated),
+        as the Trainer does for an env copy reset mid-episode. Its unfinished batch was never received, so
+        never counted; the new actor fetches the current weights with its first call."""
         self.actor_restarts += 1
-        for (group, stream), held in list(self.held.items()):
-            if self._stream_actor(group, stream) == lost.actor:
+        for group, stream in list(self.held):
+            if self._stream_actor(group, stream) == actor:
                 frame, _, _, _, _, mask = self.held.pop((group, stream))
                 self._add(self.groups[group], stream, frame, 0, 0.0, False, True, mask)
-        self._sent.pop(lost.actor, None)
-        print(f"madqn: actor {lost.actor} was lost ({lost.reason}) at step {self.step}; Ray restarts it, its "
-              f"unfinished batches are dropped (not counted) and training continues", file=sys.stderr, flush=True)
+        print(f"madqn: actor {actor} {what} before step {self.step}; its unfinished batch is dropped "
+              f"(not counted), its episodes end in replay, training continues", file=sys.stderr, flush=True)
 
     def _stream_actor(self, group: int, stream: int) -> int:
         n = self.config.num_envs
