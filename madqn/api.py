@@ -257,7 +257,10 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
     checkpoints = CheckpointHook(run_dir_path, guard)
     # VideoHook first among the watchers: it checks the env renders; all after metrics (its reports)
     watch = [VideoHook(run_dir_path), ProgressHook(), TensorBoardHook(run_dir_path)]
-    trainer = Trainer(cfg, env, hooks=[guard, metrics, checkpoints, *watch, *hooks])
+    trainer_class = Trainer
+    if cfg.backend == "ray":  # actors on Ray, this process learns (madqn.distributed)
+        from madqn.distributed import DistributedTrainer as trainer_class
+    trainer = trainer_class(cfg, env, hooks=[guard, metrics, checkpoints, *watch, *hooks])
     try:
         if state is not None:
             _restore(trainer, state, ckpt_path, run_dir_path)

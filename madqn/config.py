@@ -46,6 +46,26 @@ class Config:
     overlap: bool = _f(False, "learn in a background thread while acting goes on (at most one learning round behind); "
                        "false keeps DQN3.0's strict act-learn-step order and same-seed reproducibility")
 
+    # --- distributed acting (madqn.distributed) ---------------------------------------------
+    backend: str = _f("local", "'local': this process and its env workers (madqn.runner); 'ray': actor processes on a "
+                      "Ray cluster feeding this process's learner (madqn.distributed, needs madqn[ray])",
+                      choices=("local", "ray"))
+    actors: int = _f(1, "backend ray: actor processes, each with num_envs env copies and a CPU copy of the Q-networks", min=1)
+    ray_address: str = _f("", "backend ray: '' starts a local Ray instance; 'auto' or HOST:PORT joins a running cluster")
+    sync_every: int = _f(100, "backend ray: the learner publishes its online weights to the actors every sync_every "
+                         "learning rounds [rounds]", min=1)
+    rollout_len: int = _f(64, "backend ray: agent steps in one batch an actor sends the learner [agent steps]", min=1)
+    max_in_flight: int = _f(2, "backend ray: rollout batches one actor may have outstanding; it waits for the learner "
+                            "beyond that (back-pressure, nothing dropped)", min=1)
+    update_ratio: str = _f("fixed", "backend ray: 'fixed' keeps DQN3.0's n_replay updates per update_freq agent steps "
+                           "received (actors wait for the learner); 'float' lets the learner update whenever no batch "
+                           "is waiting, so the ratio follows the speeds of both sides", choices=("fixed", "float"))
+    actor_epsilons: str = _f("dqn3", "backend ray: 'dqn3' (DQN3.0's schedule over the agent steps of all actors) or "
+                             "'apex' (fixed per actor: apex_eps ** (1 + i * apex_alpha / (actors - 1)))",
+                             choices=("dqn3", "apex"))
+    apex_eps: float = _f(0.4, "Ape-X base epsilon", min=0.0, max=1.0)
+    apex_alpha: float = _f(7.0, "Ape-X epsilon exponent spread", min=0.0)
+
     # --- environment (DQN3.0 alewrap / xitari behaviour) ---------------------------------------
     action_repeat: int = _f(4, "emulator frames per agent step (actrep); rewards are summed over them", min=1)
     random_starts: int = _f(30, "1..random_starts random no-op frames after each reset (0 = none) [emulator frames]", min=0)
