@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -29,6 +29,7 @@ from madqn.config import Config, _check_keys, load_toml, make_config
 from madqn.errors import CheckpointError, ConfigError, MadqnError, NonFiniteError
 from madqn.eval_hook import EvalHook
 from madqn.guard import NumericsGuard
+from madqn.evaluation import EvalResult, evaluate
 from madqn.metrics import MetricsHook
 from madqn.progress import ProgressHook
 from madqn.runner import Hook, Trainer, default_run_dir
@@ -36,7 +37,7 @@ from madqn.tensorboard import TensorBoardHook
 from madqn.video import VideoHook
 
 # Config keys a resumed run may change: they do not alter what was learned or how the saved state is read.
-RESUME_SAFE_KEYS = ("steps", "device", "num_threads", "prog_freq", "save_freq", "save_replay",
+RESUME_SAFE_KEYS = ("steps", "device", "num_threads", "prog_freq", "save_freq", "save_replay", "final_eval_episodes",
                     "eval_freq", "eval_steps", "eval_ep", "eval_opponent")
 
 
@@ -51,6 +52,8 @@ class RunResult:
     recent_scores: dict[str, float]  # agent -> mean raw score over its last (up to 20) training episodes
     stopped_by: str | None = None  # "SIGINT"/"SIGTERM" when a signal stopped the run before config.steps
     resumed_from: int | None = None  # step of the checkpoint this run continued from
+    eval_scores: dict[str, float] = field(default_factory=dict)  # agent -> mean raw score of the final evaluation
+    evaluation: EvalResult | None = None  # the final evaluation's per-episode scores (None if final_eval_episodes = 0)
 
 
 def resume_command(run_dir: Path) -> str:
@@ -198,6 +201,17 @@ def resume_config(saved: dict[str, Any], config: Config | str | Path | None, ove
     return wanted
 
 
+def env_name(env: Any) -> str:
+    """What ``config.env`` records for an env given as an object: ``module:function`` when that is an
+    importable spec, else the function's or the env's name."""
+    module, qualname = getattr(env, "__module__", None), getattr(env, "__qualname__", "")
+    if module and callable(env) and qualname.isidentifier() and not module.startswith(("madqn_user_env_", "__main__")):
+        return f"{module}:{qualname}"
+    if hasattr(env, "__name__"):
+        return env.__name__
+    return str(getattr(env, "metadata", {}).get("name") or type(env).__name__)
+
+
 def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir: str | Path | None = None,
           resume: str | Path | None = None, force: bool = False, hooks: Iterable[Hook] = (),
           handle_signals: bool = True, **overrides: Any) -> RunResult:
@@ -235,7 +249,7 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
             cfg = cfg.replace(env=env)
             env = None
         elif env is not None:
-            cfg = cfg.replace(env=getattr(env, "__name__", type(env).__name__))
+            cfg = cfg.replace(env=env_name(env))
         run_dir_path = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
         check_run_dir(run_dir_path, force)  # refuse before building envs and networks
 
@@ -244,7 +258,10 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
     checkpoints = CheckpointHook(run_dir_path, guard)
     # VideoHook first among the watchers: it checks the env renders; all after metrics (its reports)
     watch = [VideoHook(run_dir_path), ProgressHook(), TensorBoardHook(run_dir_path)]
-    trainer = Trainer(cfg, env, hooks=[guard, metrics, checkpoints, EvalHook(run_dir_path), *watch, *hooks])
+    trainer_class = Trainer
+    if cfg.backend == "ray":  # actors on Ray, this process learns (madqn.distributed)
+        from madqn.distributed import DistributedTrainer as trainer_class
+    trainer = trainer_class(cfg, env, hooks=[guard, metrics, checkpoints, EvalHook(run_dir_path), *watch, *hooks])
     try:
         if state is not None:
             _restore(trainer, state, ckpt_path, run_dir_path)
@@ -256,6 +273,10 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
         start = time.time()
         with StopOnSignal(trainer) if handle_signals else _NoSignals() as stop:
             trainer.run()
+        wall_time = time.time() - start
+        evaluation = None
+        if trainer.step >= cfg.steps and guard.error is None and checkpoints.error is None:
+            evaluation = final_evaluation(trainer, env if env is not None else cfg.env, run_dir_path)
     finally:
         trainer.close()
     for error in (guard.error, checkpoints.error):
@@ -263,11 +284,12 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
             raise type(error)(f"{error}; {_next_steps(checkpoints, run_dir_path, error)}")
     return RunResult(
         run_dir=run_dir_path, steps=trainer.step, episodes=trainer.episodes,
-        updates={g.name: g.updates for g in trainer.groups}, wall_time=time.time() - start,
+        updates={g.name: g.updates for g in trainer.groups}, wall_time=wall_time,
         checkpoint=checkpoints.path,
         recent_scores={a: sum(d) / len(d) for a, d in metrics.recent.items() if d},
         stopped_by=stop.received if trainer.step < cfg.steps else None,
-        resumed_from=resumed_from)
+        resumed_from=resumed_from,
+        eval_scores=evaluation.mean_scores() if evaluation is not None else {}, evaluation=evaluation)
 
 
 class _NoSignals:
@@ -316,3 +338,25 @@ def _restore(trainer: Trainer, state: dict[str, Any], ckpt_path: Path, run_dir: 
     truncate_csv(run_dir / "train.csv", "step", step)
     truncate_csv(run_dir / "episodes.csv", "episode", int(state["episodes"]))
     print(f"resuming {run_dir} at step {step}: {memory}; {episodes}", flush=True)
+
+
+def final_evaluation(trainer: Trainer, env: Any, run_dir: Path) -> EvalResult | None:
+    """``final_eval_episodes`` episodes of the trained networks (epsilon ``eval_ep``, raw scores,
+    within ``eval_steps`` agent steps) on a fresh env (or the given env instance), written to
+    ``final_eval.csv``. Seeds differ from the training envs'."""
+    from madqn.agents import Agents
+    from madqn.metrics import CsvWriter
+
+    cfg = trainer.config
+    if cfg.final_eval_episodes == 0:
+        return None
+    agents = Agents.from_trainer(trainer, seed=cfg.seed)
+    result = evaluate(env, agents, episodes=cfg.final_eval_episodes, epsilon=cfg.eval_ep,
+                      seed=cfg.seed + 1_000_000, max_steps=cfg.eval_steps, config=cfg)
+    writer = CsvWriter(Path(run_dir) / "final_eval.csv", ["episode", "agent", "score", "length", "epsilon", "step"])
+    for k in range(result.episodes):
+        for a in result.agents:
+            writer.write({"episode": k + 1, "agent": a, "score": result.scores[a][k], "length": result.lengths[a][k],
+                          "epsilon": cfg.eval_ep, "step": trainer.step})
+    writer.close()
+    return result

@@ -26,6 +26,8 @@ __all__ = [
     "FRAME_SHAPE",
     "AtariEnv",
     "UnknownGameError",
+    "area_resize_84",
+    "luminance",
     "make_atari_env",
     "preprocess_frame",
     "rom_dir",
@@ -86,28 +88,42 @@ def preprocess_frame(
 ) -> np.ndarray:
     """DQN3.0 frame preprocessing of the last two RGB screens of an action repeat.
 
-    Element-wise max of the two (H, W, 3) uint8 screens in RGB (before luminance), luminance
-    Y = 0.299 R + 0.587 G + 0.114 B in float, area resize of the whole frame (no crop) to 84x84
-    (cv2.INTER_AREA, i.e. exact box averaging), then uint8 by truncation as DQN3.0's
-    TransitionTable stores it. Returns `out` if given (an (84, 84) uint8 array), else a new array.
+    Element-wise max of the two (H, W, 3) uint8 screens in RGB (before luminance), then
+    `luminance` and `area_resize_84`. Returns `out` if given (an (84, 84) uint8 array), else a new array.
     """
-    pooled = np.maximum(rgb_a, rgb_b).astype(np.float32)
-    if pooled.shape[:2] == (210, 160) and FRAME_SHAPE == (84, 84):
-        # the same area resize in two passes, the vertical one (5 rows -> 2, weights 1, 1, 1/2 | 1/2,
-        # 1, 1; scale 2/5 folded into the luminance weights) as plain sums, since cv2's generic
-        # non-integer INTER_AREA is the slowest step of the pipeline
-        luminance = cv2.transform(pooled, _LUMINANCE_2_5)  # 0.4 * Y
-        v = luminance.reshape(42, 5, 160)
-        half = v[:, 2] * np.float32(0.5)
-        rows = np.empty((42, 2, 160), np.float32)
-        np.add(v[:, 0], v[:, 1], out=rows[:, 0])
-        rows[:, 0] += half
-        np.add(v[:, 3], v[:, 4], out=rows[:, 1])
-        rows[:, 1] += half
-        small = cv2.resize(rows.reshape(84, 160), FRAME_SHAPE[::-1], interpolation=cv2.INTER_AREA)
-    else:
-        luminance = cv2.transform(pooled, _LUMINANCE_1x3)
-        small = cv2.resize(luminance, FRAME_SHAPE[::-1], interpolation=cv2.INTER_AREA)
+    pooled = np.maximum(rgb_a, rgb_b)
+    if pooled.shape[:2] != (210, 160):
+        return area_resize_84(luminance(pooled), out)
+    # Atari screens: the same area resize in two passes, the vertical one (5 rows -> 2, weights
+    # 1, 1, 1/2 | 1/2, 1, 1; scale 2/5 folded into the luminance weights) as plain sums, since cv2's
+    # generic non-integer INTER_AREA is the slowest step of the pipeline
+    v = cv2.transform(pooled.astype(np.float32), _LUMINANCE_2_5).reshape(42, 5, 160)  # 0.4 * Y
+    half = v[:, 2] * np.float32(0.5)
+    rows = np.empty((42, 2, 160), np.float32)
+    np.add(v[:, 0], v[:, 1], out=rows[:, 0])
+    rows[:, 0] += half
+    np.add(v[:, 3], v[:, 4], out=rows[:, 1])
+    rows[:, 1] += half
+    return _to_uint8(cv2.resize(rows.reshape(84, 160), FRAME_SHAPE[::-1], interpolation=cv2.INTER_AREA), out)
+
+
+def luminance(rgb: np.ndarray) -> np.ndarray:
+    """Y = 0.299 R + 0.587 G + 0.114 B of an (H, W, 3) image, as (H, W) float32 (DQN3.0's Scale)."""
+    return cv2.transform(np.asarray(rgb, dtype=np.float32), _LUMINANCE_1x3)
+
+
+def area_resize_84(gray: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Area resize of a whole (H, W) float32 luminance image (no crop) to 84x84, then uint8.
+
+    cv2.INTER_AREA is exact box averaging when shrinking; values are truncated to uint8 as DQN3.0's
+    TransitionTable stores them. Returns `out` if given (an (84, 84) uint8 array), else a new array.
+    """
+    return _to_uint8(cv2.resize(np.asarray(gray, dtype=np.float32), FRAME_SHAPE[::-1],
+                                interpolation=cv2.INTER_AREA), out)
+
+
+def _to_uint8(small: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """Truncate a float luminance image to uint8 (DQN3.0 stores y * 255 truncated), into `out` if given."""
     small += _TRUNCATION_SLACK
     if out is None:
         return small.astype(np.uint8)  # float -> uint8 casting truncates (values are in [0, 256))

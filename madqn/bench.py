@@ -307,6 +307,58 @@ def bench_e2e(device: str, repeats: int, n: int, num_envs: int, bounds: dict[str
     return rows
 
 
+class _RateProbe:
+    """Hook: agent steps/s and learner updates/s between the first step past ``warmup`` and the end."""
+
+    def __init__(self, warmup: int):
+        self.warmup, self.start = warmup, None
+
+    def on_start(self, trainer) -> None: ...
+    def on_episode(self, trainer, record) -> None: ...
+    def on_scalars(self, trainer, step, scalars) -> None: ...
+
+    def on_step(self, trainer) -> None:
+        if self.start is None and trainer.step >= self.warmup:
+            self.start = (time.perf_counter(), trainer.step, sum(g.updates for g in trainer.groups))
+
+    def on_end(self, trainer) -> None:
+        t0, s0, u0 = self.start
+        dt = time.perf_counter() - t0
+        self.steps_per_s = (trainer.step - s0) / dt
+        self.updates_per_s = (sum(g.updates for g in trainer.groups) - u0) / dt
+
+
+def bench_distributed(device: str, n: int, actor_counts: tuple[int, ...] = (1, 2)) -> list[Row]:
+    """pong_v3 training (learning on from step 400, epsilon 0.1, independent): the Ray backend with 1, 2 ...
+    actors (one env copy each, this process learning) beside the local backend with as many env copies.
+    Steps are counter steps (one per env copy step) x 2 agents, as in the end-to-end rows."""
+    from madqn.config import make_config
+    from madqn.distributed import DistributedTrainer
+    from madqn.runner import Trainer
+
+    rows = []
+    warmup = 600
+    for actors in actor_counts:
+        rates = {}
+        for backend in ("local", "ray"):
+            cfg = make_config(None, {"env": "pong_v3", "device": device, "replay_memory": 20_000, "learn_start": 400,
+                                     "ep_start": 0.1, "ep_end": 0.1, "steps": warmup + n, "seed": 0,
+                                     "backend": backend, "actors": actors,
+                                     "num_envs": 1 if backend == "ray" else actors, "valid_size": 0})
+            probe = _RateProbe(warmup)
+            trainer = (DistributedTrainer if backend == "ray" else Trainer)(cfg, hooks=[probe])
+            try:
+                trainer.run()
+            finally:
+                trainer.close()
+            rates[backend] = (probe.steps_per_s * 2, probe.updates_per_s)
+        (local_sps, local_ups), (ray_sps, ray_ups) = rates["local"], rates["ray"]
+        rows.append(Row(f"distributed [{device}]: ray, {actors} actor{'s' if actors > 1 else ''}", ray_sps,
+                        "agent steps/s", local_sps, note=f"limit: local backend, {actors} env cop"
+                        f"{'ies' if actors > 1 else 'y'}; learner updates/s ray {ray_ups:,.1f}, local {local_ups:,.1f}"))
+    return rows
+
+
 def run_bench(args: argparse.Namespace) -> list[Row]:
     import torch
 
@@ -322,6 +374,9 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
         print(f"[bench] {msg}", flush=True)
 
     rows: list[Row] = []
+    if args.only_distributed:
+        say("distributed: ray backend with 1, 2 actors vs the local backend")
+        return bench_distributed(devices[-1], 400 if quick else 1500)
     say("env pipeline vs bare emulator")
     env_rows, env_rate = bench_env("pong_v3", repeats, 300 if quick else 1000)
     rows += env_rows
@@ -348,6 +403,9 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
                 f"learner {learner_bound[k]:,.0f}, env+acting {env_bound[k]:,.0f}")))
         say(f"end-to-end training runs [{device}]")
         rows += bench_e2e(device, repeats, 160 if quick else 400, args.num_envs, bounds)
+    if args.distributed:
+        say("distributed: ray backend with 1, 2 actors vs the local backend")
+        rows += bench_distributed(devices[-1], 400 if quick else 1500)
     return rows
 
 
@@ -360,6 +418,9 @@ def _bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto (also CUDA rows when a GPU is present), cpu, cuda:N")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--num-envs", type=int, default=1, help="env copies for the acting and end-to-end rows")
+    p.add_argument("--distributed", action="store_true",
+                   help="add the Ray backend rows (1 and 2 actors vs the local backend; needs madqn[ray])")
+    p.add_argument("--only-distributed", action="store_true", help="only the distributed rows")
     p.add_argument("--out", help="also write the table (markdown, with the machine) to this file")
     p.set_defaults(func=main)
 

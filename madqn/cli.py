@@ -33,6 +33,13 @@ def _train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its latest checkpoint, with its config (only steps, "
                         "device, num_threads, prog_freq, save_freq, save_replay and eval_* may change)")
+    p.add_argument("--backend", choices=["local", "ray"],
+                   help="local (default: this machine's processes) or ray (actor processes on a Ray cluster, "
+                        "this process learns; pip install 'madqn[ray]')")
+    p.add_argument("--actors", type=int, help="backend ray: number of actor processes")
+    p.add_argument("--ray-address", help="backend ray: 'auto' or HOST:PORT joins a running cluster "
+                                         "(default: start a local Ray instance)")
+    p.add_argument("--learner-device", dest="learner_device", help="backend ray: the learner's device (= --device)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config key (TOML value syntax), repeatable, e.g. --set learn_start=1000")
     p.set_defaults(func=run_train)
@@ -43,7 +50,9 @@ def run_train(args: argparse.Namespace) -> int:
     from madqn.config import parse_overrides
 
     overrides = parse_overrides(args.overrides)
-    for key in ("sharing", "steps", "seed", "device"):
+    if args.learner_device is not None:
+        args.device = args.learner_device
+    for key in ("sharing", "steps", "seed", "device", "backend", "actors", "ray_address"):
         value = getattr(args, key)
         if value is not None:
             overrides[key] = value
@@ -56,6 +65,10 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     print(f"done: {result.steps} agent steps, {result.episodes} episodes, updates {result.updates}, "
           f"{result.wall_time:.1f} s; run directory {result.run_dir}")
+    if result.evaluation is not None:
+        scores = ", ".join(f"{a} {s:.3g}" for a, s in result.eval_scores.items()) or "no episode completed"
+        print(f"final evaluation ({result.evaluation.episodes} episodes, epsilon {result.evaluation.epsilon}): "
+              f"mean score {scores}")
     from madqn.summary import format_summary, summarize_run
 
     print(format_summary(summarize_run(result.run_dir, wall_time=result.wall_time)))

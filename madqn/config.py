@@ -46,6 +46,26 @@ class Config:
     overlap: bool = _f(False, "learn in a background thread while acting goes on (at most one learning round behind); "
                        "false keeps DQN3.0's strict act-learn-step order and same-seed reproducibility")
 
+    # --- distributed acting (madqn.distributed) ---------------------------------------------
+    backend: str = _f("local", "'local': this process and its env workers (madqn.runner); 'ray': actor processes on a "
+                      "Ray cluster feeding this process's learner (madqn.distributed, needs madqn[ray])",
+                      choices=("local", "ray"))
+    actors: int = _f(1, "backend ray: actor processes, each with num_envs env copies and a CPU copy of the Q-networks", min=1)
+    ray_address: str = _f("", "backend ray: '' starts a local Ray instance; 'auto' or HOST:PORT joins a running cluster")
+    sync_every: int = _f(100, "backend ray: the learner publishes its online weights to the actors every sync_every "
+                         "learning rounds [rounds]", min=1)
+    rollout_len: int = _f(64, "backend ray: agent steps in one batch an actor sends the learner [agent steps]", min=1)
+    max_in_flight: int = _f(2, "backend ray: rollout batches one actor may have outstanding; it waits for the learner "
+                            "beyond that (back-pressure, nothing dropped)", min=1)
+    update_ratio: str = _f("fixed", "backend ray: 'fixed' keeps DQN3.0's n_replay updates per update_freq agent steps "
+                           "received (actors wait for the learner); 'float' lets the learner update whenever no batch "
+                           "is waiting, so the ratio follows the speeds of both sides", choices=("fixed", "float"))
+    actor_epsilons: str = _f("dqn3", "backend ray: 'dqn3' (DQN3.0's schedule over the agent steps of all actors) or "
+                             "'apex' (fixed per actor: apex_eps ** (1 + i * apex_alpha / (actors - 1)))",
+                             choices=("dqn3", "apex"))
+    apex_eps: float = _f(0.4, "Ape-X base epsilon", min=0.0, max=1.0)
+    apex_alpha: float = _f(7.0, "Ape-X epsilon exponent spread", min=0.0)
+
     # --- environment (DQN3.0 alewrap / xitari behaviour) ---------------------------------------
     action_repeat: int = _f(4, "emulator frames per agent step (actrep); rewards are summed over them", min=1)
     random_starts: int = _f(30, "1..random_starts random no-op frames after each reset (0 = none) [emulator frames]", min=0)
@@ -53,9 +73,9 @@ class Config:
     max_cycles: int = _f(27_000, "episodes are truncated (not terminated) after this many agent steps [agent steps]", min=1)
     terminal_on_life_loss: bool = _f(True, "a lost life is a terminal for learning; the game goes on (DQN3.0 training)")
     full_action_space: bool = _f(False, "use all 18 Atari actions instead of the game's minimal set")
-    preprocess: str = _f("auto", "image observations: 'auto' (84x84 luminance unless already 84x84x1), 'atari', 'none'",
+    preprocess: str = _f("auto", "image observations: 'auto' (84x84 luminance unless already 84x84x1), 'atari' (always), 'none' (frames as given)",
                          choices=("auto", "atari", "none"))
-    network: str = _f("auto", "Q-network: 'auto' (conv for images, mlp for vectors), 'conv', 'mlp'",
+    network: str = _f("auto", "Q-network and observation kind: 'auto' (conv for uint8 images, mlp for anything else), 'conv' (read observations as images), 'mlp' (as flat vectors)",
                       choices=("auto", "conv", "mlp"))
     mlp_hidden: list = _f([256, 256], "hidden layer sizes of the MLP Q-network (vector observations)")
 
@@ -88,6 +108,7 @@ class Config:
     eval_ep: float = _f(0.05, "epsilon during evaluation", min=0.0, max=1.0)
     eval_opponent: str = _f("random", "periodic evaluation: 'random' (each seat in turn against random others, the multiplayer-ALE protocol) or 'self' (the trained agents in every seat)",
                             choices=("random", "self"))
+    final_eval_episodes: int = _f(10, "episodes of the evaluation (epsilon eval_ep, at most eval_steps agent steps) at the end of madqn.train; its mean raw scores are the run's result (0 = none)", min=0)
     valid_size: int = _f(500, "held-out transitions (drawn at learn_start) for DQN3.0's V and TD-error statistics", min=0)
     prog_freq: int = _f(10_000, "a progress line and a train.csv row every prog_freq agent steps [agent steps]", min=1)
     save_freq: int = _f(125_000, "checkpoint every save_freq agent steps and at the end [agent steps]", min=1)

@@ -20,6 +20,7 @@ import torch
 
 from madqn.actor import RecentHistory, epsilon_greedy, linear_epsilon
 from madqn.config import Config
+from madqn.env import is_pettingzoo_env
 from madqn.errors import MadqnError
 from madqn.learner import Learner
 from madqn.networks import build_q_network
@@ -104,6 +105,8 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.rng = np.random.default_rng(config.seed)
         env_spec = config.env if env is None else env
+        if config.num_envs > 1 and is_pettingzoo_env(env_spec):
+            raise MadqnError("num_envs > 1 needs an env spec or a factory (one env per copy), not an env instance")
         self.env_spec = env_spec  # what make_env built the envs from (hooks may build more copies)
         self.envs = make_envs(env_spec, config)  # worker processes or inline copies (madqn.vecenv)
         first = self.envs[0]

@@ -142,8 +142,9 @@ def test_env_without_state_capture_resumes_with_fresh_episodes(tmp_path):
 
 def test_incompatible_checkpoints_are_refused_naming_the_mismatch(tmp_path):
     run = tmp_path / "run"
-    madqn.train(Countdown, SMALL, run_dir=run, steps=20, save_replay=False, handle_signals=False)
-    with pytest.raises(madqn.MadqnError, match=r"trained on an env object given in Python \(Countdown\); pass it again"):
+    # a lambda cannot be re-imported from config.env (an importable factory would be: module:function)
+    madqn.train(lambda: Countdown(), SMALL, run_dir=run, steps=20, save_replay=False, handle_signals=False)
+    with pytest.raises(madqn.MadqnError, match=r"trained on an env object given in Python \(<lambda>\); pass it again"):
         madqn.train(resume=run, steps=40, handle_signals=False)
     with pytest.raises(CheckpointError, match="a has 2 actions in the checkpoint but 3 in this env"):
         madqn.train(Countdown3, resume=run, steps=40, handle_signals=False)

@@ -206,7 +206,7 @@ def test_process_exit_code_and_debug_traceback(madqn_cli, tmp_path):
     cmd, env = madqn_cli("train", "--env", "pong_v4", "--run-dir", tmp_path / "run")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("madqn: error: unknown Atari game 'pong_v4'")
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("madqn: error: cannot resolve env 'pong_v4': unknown Atari game 'pong_v4'")
     cmd, env = madqn_cli("--debug", "train", "--set", "discount=2", "--run-dir", tmp_path / "run")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode != 0

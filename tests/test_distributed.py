@@ -1,0 +1,158 @@
+"""Distributed acting (madqn.distributed): Ape-X epsilons, Ray actors feeding the DQN3.0 learner.
+
+The Ray tests start a real local Ray instance (2 CPUs) and play tests/tiny_catch.py (uint8 vectors).
+"""
+
+import math
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from madqn.config import Config
+from madqn.distributed import DistributedTrainer, apex_epsilons
+from madqn.runner import Hook, Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+CATCH = f"{ROOT / 'tests' / 'tiny_catch.py'}:make"
+TINY = dict(env=CATCH, replay_memory=500, learn_start=100, prog_freq=100, save_freq=1000, eval_freq=0,
+            valid_size=0, device="cpu", rollout_len=32, sync_every=5, target_q=100, hist_len=2, mlp_hidden=[32])
+
+import ray  # noqa: E402  (the test extra installs it: a missing Ray must fail, not skip)
+
+
+def ray_processes(wait_s: float = 15.0) -> list[str]:
+    """Live Ray daemons and workers on this machine (raylet, gcs_server, ray:: workers), after giving a
+    shutdown up to ``wait_s`` to finish. Zombies (exited, waiting to be reaped by init) are not processes left
+    running and are ignored."""
+    deadline = time.time() + wait_s
+    while True:
+        out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+        live = [line for line in out.splitlines()[1:] if not line.split()[1].startswith("Z")
+                and any(k in line for k in ("raylet", "gcs_server", "ray::", "default_worker.py"))]
+        if not live or time.time() > deadline:
+            return live
+        time.sleep(0.5)
+
+
+def test_apex_epsilons_hand_computed():
+    # eps_i = 0.4 ** (1 + i * 7 / (N - 1)): N = 3 -> exponents 1, 4.5, 8
+    assert apex_epsilons(3) == pytest.approx([0.4, 0.0256 * math.sqrt(0.4), 0.00065536])
+    assert apex_epsilons(1) == [0.4]
+    assert apex_epsilons(2, eps=0.5, alpha=1.0) == pytest.approx([0.5, 0.25])
+
+
+def test_apex_epsilons_reach_actors():
+    cfg = Config(**TINY, steps=64, actors=3, actor_epsilons="apex")
+    trainer = DistributedTrainer(cfg, pool="inline")
+    try:
+        assert [a.epsilon() for a in trainer.pool.actors] == pytest.approx(apex_epsilons(3))
+    finally:
+        trainer.close()
+
+
+def _stream_entries(replay, stream, n):
+    return (replay.frames[stream, :n].copy(), replay.actions[stream, :n].copy(), replay.rewards[stream, :n].copy(),
+            replay.terminal[stream, :n].copy(), replay.episode_end[stream, :n].copy())
+
+
+def test_ray_first_transitions_equal_local_trainer():
+    """Seed 1, one actor, all-random phase: the Ray actor's transitions are the in-process Trainer's."""
+    cfg = Config(**{**TINY, "learn_start": 1000}, steps=200, actors=1, sharing="independent")
+    local = Trainer(cfg)
+    try:
+        local.run()
+    finally:
+        local.close()
+    remote = DistributedTrainer(cfg.replace(backend="ray"))
+    try:
+        remote.run()
+    finally:
+        remote.close()
+    n = 150  # the learner holds back each stream's newest entry; both ran >= 200 steps
+    for g_local, g_remote in zip(local.groups, remote.groups):
+        assert len(g_remote.replay) >= n
+        for a, b in zip(_stream_entries(g_local.replay, 0, n), _stream_entries(g_remote.replay, 0, n)):
+            np.testing.assert_array_equal(a, b)
+    assert not ray_processes()
+
+
+class KillActorOnce(Hook):
+    """Kills actor 0's process (SIGKILL) once the learner has passed ``at`` agent steps; records batches."""
+
+    def __init__(self, at: int):
+        self.at = at
+        self.killed_pid = None
+
+    def on_step(self, trainer):
+        if self.killed_pid is None and trainer.step >= self.at:
+            self.killed_pid = trainer.pool.pids()[0]
+            os.kill(self.killed_pid, signal.SIGKILL)
+            self.new_pid = trainer.pool.pids()[0]  # waits for Ray's restart (the learner pauses meanwhile)
+
+
+class CountingTrainer(DistributedTrainer):
+    """Records what it received, to check that nothing is counted twice."""
+
+    received_steps = 0
+    received_entries = 0
+
+    def _ingest(self, batch):
+        self.received_steps += batch.steps
+        self.received_entries += len(batch.entries)
+        super()._ingest(batch)
+
+
+def test_killed_ray_actor_is_replaced_and_nothing_is_counted_twice(capfd):
+    # replay large enough not to wrap; 30-step batches end mid-episode (episodes last 4 steps)
+    cfg = Config(**{**TINY, "replay_memory": 2000, "rollout_len": 30}, steps=1200, actors=2, backend="ray",
+                 sharing="shared")
+    killer = KillActorOnce(at=400)
+    trainer = CountingTrainer(cfg, hooks=[killer])
+    try:
+        trainer.run()
+        assert killer.killed_pid is not None
+        assert trainer.actor_restarts == 1
+        assert trainer.step >= cfg.steps
+        assert killer.new_pid != killer.killed_pid  # Ray restarted actor 0 in a new process
+        assert trainer.pool.pids()[0] == killer.new_pid
+        assert trainer.step == trainer.received_steps  # steps come only from received batches
+        g = trainer.groups[0]
+        # every received entry stored exactly once (the newest entry of each stream is held back until its
+        # successor arrives; the lost actor's held entries were stored as truncated final frames)
+        assert len(g.replay) == trainer.received_entries - len(trainer.held)
+        assert g.updates > 0
+    finally:
+        trainer.close()
+    assert "actor 0 was restarted by Ray" in capfd.readouterr().err
+    assert not ray_processes()
+
+
+@pytest.mark.parametrize("sharing", ["shared", "independent"])
+def test_cli_ray_backend_trains_and_writes_the_local_run_directory(tmp_path, madqn_cli, sharing):
+    common = ["--env", CATCH, "--sharing", sharing, "--steps", "600", "--set", "replay_memory=500",
+              "--set", "learn_start=100", "--set", "prog_freq=100", "--set", "save_freq=300", "--set", "eval_freq=0",
+              "--set", "valid_size=0", "--set", "hist_len=2", "--set", "mlp_hidden=[32]", "--device", "cpu"]
+    runs = {}
+    for backend in ("local", "ray"):
+        run_dir = tmp_path / backend
+        extra = ["--backend", "ray", "--actors", "2"] if backend == "ray" else []
+        cmd, env = madqn_cli("train", *common, *extra, "--run-dir", run_dir)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[backend] = run_dir
+    files = {b: sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file() and "events" not in p.name)
+             for b, d in runs.items()}
+    assert files["ray"] == files["local"]
+    import csv
+
+    rows = list(csv.DictReader(open(runs["ray"] / "train.csv")))
+    assert rows and int(rows[-1]["updates"]) >= (600 - 100) // 4 - 8  # DQN3.0's ratio on the steps received
+    assert all(r["abs_delta"] != "nan" for r in rows if int(r["step"]) > 200)
+    config = (runs["ray"] / "config.toml").read_text()
+    assert 'backend = "ray"' in config and "actors = 2" in config
+    assert not ray_processes()
