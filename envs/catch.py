@@ -102,7 +102,9 @@ class CatchEnv(ParallelEnv):
         return np.repeat(np.repeat(grid, c, axis=0), c, axis=1)
 
     def render(self):
-        return self._image(0) if self.agents else None
+        """The screen as catcher_0 sees it, the final one too once the episode has ended (videos show
+        the last catch); None before the first reset."""
+        return self._image(0) if hasattr(self, "_paddle") else None
 
     def close(self) -> None:
         pass

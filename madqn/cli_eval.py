@@ -73,11 +73,20 @@ def run_eval(args: argparse.Namespace) -> int:
     from madqn.progress import Progress
     from madqn.protocol import Player, cross_play, cross_settings, self_play, vs_random
     from madqn.runner import resolve_device
+    from madqn.video import check_video_path
 
     if args.episodes < 2:
         raise MadqnError(f"--episodes must be >= 2 (a confidence interval needs two episodes), got {args.episodes}")
+    if args.video:
+        check_video_path(args.video)
+        if args.video_episodes < 1:
+            raise MadqnError(f"--video-episodes must be >= 1, got {args.video_episodes}")
     file = checkpoint_file(args.run, args.checkpoint)
     state, config = load_checkpoint(file)
+    if config.num_threads:
+        import torch
+
+        torch.set_num_threads(config.num_threads)
     epsilon = config.eval_ep if args.eps is None else args.eps
     if not 0.0 <= epsilon <= 1.0:
         raise MadqnError(f"--eps must be in [0, 1], got {epsilon}")
@@ -212,8 +221,6 @@ def _record(args: argparse.Namespace, env: Any, rows: list[dict[str, Any]], play
     from madqn.video import check_video_path, record_episodes
 
     path = check_video_path(args.video)
-    if args.video_episodes < 1:
-        raise MadqnError(f"--video-episodes must be >= 1, got {args.video_episodes}")
     first = str(rows[0]["setting"]) if rows else ""
     seats = dict(part.split("=", 1) for part in first.split(" ")) if first else {}
     random = RandomPolicy({a: int(env.action_space(a).n) for a in env.possible_agents}, seed=args.seed)

@@ -263,6 +263,10 @@ def evaluate_players(settings: CompareSettings, players: list[PlayerSpec], out: 
     from madqn.protocol import Player, cross_play, random_baseline, vs_random
 
     c = settings.config
+    if c.num_threads:
+        import torch
+
+        torch.set_num_threads(c.num_threads)
     env = make_env(c.env, c.replace(terminal_on_life_loss=False), seed=settings.eval_seed, convert=False)
     try:
         agents = list(env.possible_agents)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from madqn.checkpoint import safe_load
 from madqn.config import make_config
 from madqn.eval_hook import draw_validation_set, validation_statistics
 from madqn.runner import Trainer
@@ -48,3 +49,80 @@ def test_validation_statistics_match_a_per_sample_computation():
         # the same generator seed draws the same held-out set
         again = draw_validation_set(g, 40, np.random.default_rng(0), trainer.device)
         assert torch.equal(again.states, valid.states) and torch.equal(again.actions, valid.actions)
+
+
+def run_with(tmp_path, name, **overrides):
+    import madqn
+
+    result = madqn.train("pong_v3", SMOKE, run_dir=tmp_path / name, steps=200, learn_start=60, sharing="independent",
+                         num_threads=1, seed=4, max_cycles=80, **overrides)
+    state = torch.load(result.checkpoint, weights_only=True)
+    return result, state
+
+
+def test_evaluating_does_not_change_training(tmp_path):
+    """The same seed with and without periodic evaluation (and validation): same actions, same weights."""
+    _, plain = run_with(tmp_path, "plain", eval_freq=0, final_eval_episodes=0)
+    result, evaluated = run_with(tmp_path, "eval", eval_freq=50, eval_steps=60, valid_size=20,
+                                 final_eval_episodes=0)
+    for name in plain["groups"]:
+        for key, value in plain["groups"][name]["learner"]["online"].items():
+            assert torch.equal(value, evaluated["groups"][name]["learner"]["online"][key]), (name, key)
+    assert plain["rng"]["numpy"] == evaluated["rng"]["numpy"]
+    episodes = [[(r["step"], r["agent"], r["score"], r["length"]) for r in read_csv(tmp_path / name / "episodes.csv")]
+                for name in ("plain", "eval")]
+    assert episodes[0] == episodes[1] and len(episodes[0]) == 4  # 200 steps, 80-step episodes
+    evals = read_csv(tmp_path / "eval" / "eval.csv")
+    # 60 steps split between 2 seats: 30 each, 80-step episodes: none completes -> no score, no best
+    assert [(int(r["step"]), r["seat"], int(r["episodes"])) for r in evals] == [
+        (s, seat, 0) for s in (50, 100, 150, 200) for seat in ("first_0", "second_0")]
+    valid = read_csv(tmp_path / "eval" / "valid.csv")
+    assert [(int(r["step"]), r["learner"]) for r in valid] == [(s, a) for s in (100, 150, 200)
+                                                             for a in ("first_0", "second_0")]
+    assert not (tmp_path / "eval" / "checkpoints" / "best.pt").exists()
+
+
+def test_best_checkpoint_and_resume(tmp_path):
+    """Complete episodes: best.pt holds the best evaluation; a resumed run drops rows after its checkpoint
+    and keeps the best score found before."""
+    import madqn
+    import madqn.runner
+
+    kw = dict(steps=160, learn_start=40, sharing="shared", num_threads=1, seed=2, max_cycles=20, eval_freq=40,
+              eval_steps=80, valid_size=10, final_eval_episodes=0, save_freq=80)
+    madqn.train("pong_v3", SMOKE, run_dir=tmp_path / "run", **kw)
+    evals = read_csv(tmp_path / "run" / "eval.csv")
+    scores = {}
+    for r in evals:
+        assert int(r["episodes"]) == 2  # 40 steps per seat, 20-step episodes
+        scores.setdefault(int(r["step"]), []).append(float(r["mean"]))
+    assert sorted(scores) == [40, 80, 120, 160]
+    best = safe_load(tmp_path / "run" / "checkpoints" / "best.pt")["best"]
+    top = max(np.mean(v) for v in scores.values())
+    assert best["score"] == pytest.approx(top)
+    assert best["step"] == min(s for s, v in scores.items() if np.mean(v) == top)
+    # a crash after step 80's checkpoint: latest.pt is back at step 80 while eval.csv goes on to 160
+    import shutil
+
+    class KeepCheckpoint(madqn.runner.Hook):
+        def on_step(self, trainer):
+            if trainer.step == 80:
+                shutil.copy(tmp_path / "run2" / "checkpoints" / "latest.pt", tmp_path / "step80.pt")
+
+    madqn.train("pong_v3", SMOKE, run_dir=tmp_path / "run2", hooks=[KeepCheckpoint()], **kw)
+    before = read_csv(tmp_path / "run2" / "eval.csv")
+    old_best = safe_load(tmp_path / "run2" / "checkpoints" / "best.pt")["best"]
+    shutil.copy(tmp_path / "step80.pt", tmp_path / "run2" / "checkpoints" / "latest.pt")
+    madqn.train("pong_v3", resume=tmp_path / "run2")
+    again = read_csv(tmp_path / "run2" / "eval.csv")
+    assert [int(r["step"]) for r in again] == [40, 40, 80, 80, 120, 120, 160, 160]  # no duplicated rows
+    assert again[:4] == before[:4]  # the rows up to the checkpoint are kept as they were
+    new_scores = {}
+    for r in again[4:]:
+        new_scores.setdefault(int(r["step"]), []).append(float(r["mean"]))
+    best = safe_load(tmp_path / "run2" / "checkpoints" / "best.pt")["best"]
+    assert best["score"] == pytest.approx(max([old_best["score"]] + [np.mean(v) for v in new_scores.values()]))
+    steps = [int(r["step"]) for r in read_csv(tmp_path / "run2" / "eval_episodes.csv")]
+    assert steps == sorted(steps) and steps.count(80) == 2 * 2 * 2  # 2 settings x 2 episodes x 2 seats
+
+
