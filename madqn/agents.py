@@ -91,6 +91,16 @@ class Agents:
         return cls(networks, {a: specs[a] for a in agents}, n_actions, config.hist_len,
                    agent_ids={a: i for i, a in enumerate(agents)}, action_starts=starts, device=device, seed=seed)
 
+    def check_env(self, env: Any, source: str = "checkpoint") -> None:
+        """Refuse an env (internal interface) whose agents or action counts are not the ones these networks play."""
+        agents = list(env.possible_agents)
+        if agents != self.possible_agents:
+            raise CheckpointError(f"{source}: trained for agents {self.possible_agents}, but the env has {agents}")
+        for a in agents:
+            n = int(env.action_space(a).n)
+            if n != self.n_actions[a]:
+                raise CheckpointError(f"{source}: {a} has {self.n_actions[a]} actions, the env has {n}")
+
     # ---- acting ---------------------------------------------------------------------------
     def reset(self, agents: list[str] | None = None) -> None:
         """Clear the recent histories (all, or the given agents'): call at every episode start."""
@@ -148,6 +158,21 @@ def checkpoint_path(path: str | Path) -> Path:
                 return candidate
         raise CheckpointError(f"no checkpoint in {path} (looked for checkpoints/latest.pt and latest.pt)")
     return path
+
+
+def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], Config]:
+    """A checkpoint (run directory or file) loaded with ``weights_only``, and its resolved config."""
+    from madqn.checkpoint import safe_load
+    from madqn.config import make_config
+    from madqn.errors import ConfigError
+
+    file = checkpoint_path(path)
+    state = safe_load(file)
+    try:
+        config = make_config(None, {k: v for k, v in state["config"].items() if k in FIELD_NAMES})
+    except ConfigError as e:
+        raise CheckpointError(f"{file}: its saved config is not valid for this madqn ({e})") from None
+    return state, config
 
 
 def load_agents(path: str | Path, *, env: Any = None, device: str = "cpu", seed: int | None = None) -> Agents:

@@ -67,9 +67,8 @@ def checkpoint_file(path: str | Path, which: str = "latest") -> Path:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from madqn.agents import load_agents
+    from madqn.agents import Agents, load_agents, load_checkpoint
     from madqn.env import make_env
-    from madqn.playback import load_checkpoint
     from madqn.progress import Progress
     from madqn.protocol import Player, cross_play, cross_settings, self_play, vs_random
     from madqn.runner import resolve_device
@@ -99,7 +98,8 @@ def run_eval(args: argparse.Namespace) -> int:
         raise MadqnError(f"{e} (the run's env is '{config.env}'; pass --env SPEC to choose the env to play in)") from None
     try:
         agents = list(env.possible_agents)
-        a = Player(player_name(file), load_agents(file, device=str(device), seed=args.seed))
+        a = Player(player_name(file), Agents.from_state(state, device=device, seed=args.seed, source=str(file)))
+        a.policy.check_env(env, str(file))
         kind = args.opponent
         if kind not in ("random", "self"):
             other = checkpoint_file(args.opponent, args.checkpoint)
@@ -107,6 +107,7 @@ def run_eval(args: argparse.Namespace) -> int:
             if b_name == a.name:
                 a.name, b_name = f"A_{a.name}", f"B_{b_name}"
             b = Player(b_name, load_agents(other, device=str(device), seed=args.seed))
+            b.policy.check_env(env, str(other))
             kind = "cross"
         n_settings = {"random": len(agents) + 1, "self": 1}.get(kind) or len(cross_settings(agents, "a", "b"))
         progress = Progress(n_settings, every=1, desc="eval", unit="setting")

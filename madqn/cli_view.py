@@ -71,12 +71,12 @@ def _video(sub: argparse._SubParsersAction) -> None:
 
 
 def run_video(args: argparse.Namespace) -> int:
+    from madqn.agents import Agents, checkpoint_path, load_checkpoint
     from madqn.env import make_env
-    from madqn.playback import load_checkpoint, policy_from_checkpoint, resolve_checkpoint
     from madqn.runner import resolve_device
     from madqn.video import check_video_path, format_score, record_episodes
 
-    checkpoint = resolve_checkpoint(args.run)
+    checkpoint = checkpoint_path(args.run)
     run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
     out = check_video_path(args.out if args.out else run_dir / "videos" / "eval.mp4")
     if args.episodes < 1:
@@ -91,15 +91,16 @@ def run_video(args: argparse.Namespace) -> int:
         raise MadqnError(f"--eps must be in [0, 1], got {epsilon}")
     max_steps = config.video_length if args.max_steps is None else args.max_steps
     try:
-        env = make_env(args.env or config.env, config.replace(terminal_on_life_loss=False), seed=args.seed)
+        env = make_env(args.env or config.env, config.replace(terminal_on_life_loss=False), seed=args.seed,
+                       convert=False)
     except MadqnError as e:
         raise MadqnError(f"{e} (the run's env is '{config.env}'; pass --env SPEC to choose the env to play in)") from None
     try:
-        policy = policy_from_checkpoint(state, config, env, epsilon, seed=args.seed,
-                                        device=resolve_device(args.device), where=str(checkpoint))
+        agents = Agents.from_state(state, device=resolve_device(args.device), seed=args.seed, source=str(checkpoint))
+        agents.check_env(env, str(checkpoint))
         start = time.time()
-        recording = record_episodes(env, policy.act, out, args.episodes, max_steps, reset_fn=policy.reset,
-                                    fps=args.fps)
+        recording = record_episodes(env, lambda obs, infos: agents.act(obs, infos, epsilon), out, args.episodes,
+                                    max_steps, reset_fn=agents.reset, fps=args.fps)
     finally:
         env.close()
     print(f"wrote {out}: {recording.frames} frames, {args.episodes} episode(s) of {config.env} "

@@ -278,6 +278,7 @@ def evaluate_players(settings: CompareSettings, players: list[PlayerSpec], out: 
             if name not in loaded:
                 loaded[name] = Player(name, load_agents(by_name[name].checkpoint, device=settings.device,
                                                         seed=settings.eval_seed))
+                loaded[name].policy.check_env(env, str(by_name[name].checkpoint))
             return loaded[name]
 
         rows: list[dict] = []

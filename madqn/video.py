@@ -184,7 +184,8 @@ def record_episodes(env: Any, act_fn: Callable[[dict, dict], Mapping[str, int]],
 
     ``env``: madqn's internal env interface (``madqn.env.make_env``) whose ``render()`` returns RGB.
     ``act_fn(observations, infos)`` gets the live agents' newest observations and returns their
-    actions (a ``madqn.playback.GreedyPolicy`` is one); ``reset_fn`` runs at every episode start.
+    actions (e.g. ``lambda obs, infos: agents.act(obs, infos, 0.05)`` with ``madqn.load_agents``);
+    ``reset_fn`` runs at every episode start.
     An episode stops when no agent is live or after ``max_steps`` env steps. Frames written:
     ``sum(steps + 1)`` over the episodes. Scores are raw (unclipped) sums per agent.
     """
@@ -243,7 +244,7 @@ class VideoHook(Hook):
         if isinstance(trainer.env_spec, (ParallelEnv, AECEnv)):
             raise MadqnError("video_freq needs the env as a spec string or a factory (a function returning the env), "
                              "not an env instance: recording must not step the training env")
-        self.env = make_env(trainer.env_spec, c.replace(terminal_on_life_loss=False), seed=c.seed + 7919)
+        self.env = make_env(trainer.env_spec, c.replace(terminal_on_life_loss=False), seed=c.seed + 7919, convert=False)
         self.env.reset()
         as_rgb(self.env.render())
         self.next_video = (trainer.step // c.video_freq + 1) * c.video_freq
@@ -254,13 +255,13 @@ class VideoHook(Hook):
             self.next_video = (trainer.step // trainer.config.video_freq + 1) * trainer.config.video_freq
 
     def record(self, trainer: Trainer) -> Recording:
-        from madqn.playback import policy_from_trainer
+        from madqn.agents import Agents
 
         c = trainer.config
-        policy = policy_from_trainer(trainer, epsilon=c.eval_ep, seed=c.seed + trainer.step)
+        agents = Agents.from_trainer(trainer, seed=c.seed + trainer.step)
         path = self.dir / f"step_{trainer.step:09d}{self.suffix}"
-        recording = record_episodes(self.env, policy.act, path, 1, c.video_length, reset_fn=policy.reset,
-                                    note=f"step {trainer.step}")
+        recording = record_episodes(self.env, lambda obs, infos: agents.act(obs, infos, c.eval_ep), path, 1,
+                                    c.video_length, reset_fn=agents.reset, note=f"step {trainer.step}")
         self.paths.append(path)
         return recording
 

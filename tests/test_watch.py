@@ -363,20 +363,21 @@ def test_checkpoint_policy_plays_exactly_like_the_trainers_networks(shared_run):
     """Shared network with agent indicator: the rebuilt policy gives the trainer's Q-values and greedy actions."""
     import torch
 
+    from madqn.agents import Agents, load_agents, load_checkpoint
     from madqn.env import make_env
-    from madqn.playback import load_checkpoint, policy_from_checkpoint, policy_from_trainer
 
     trainer, checkpoint, _ = shared_run
     assert trainer.groups[0].updates == 15
-    state, loaded_cfg = load_checkpoint(checkpoint)
-    env = make_env("pong_v3", loaded_cfg, seed=5)
-    live = policy_from_trainer(trainer, epsilon=0.0)
-    rebuilt = policy_from_checkpoint(state, loaded_cfg, env, epsilon=0.0)
+    _, loaded_cfg = load_checkpoint(checkpoint)
+    env = make_env("pong_v3", loaded_cfg, seed=5, convert=False)
+    live = Agents.from_trainer(trainer)
+    rebuilt = load_agents(checkpoint)
+    rebuilt.check_env(env)
     obs, infos = env.reset()
     for policy in (live, rebuilt):
         policy.reset()
     for _ in range(30):
-        a_live, a_rebuilt = live.act(obs, infos), rebuilt.act(obs, infos)
+        a_live, a_rebuilt = live.act(obs, infos, epsilon=0.0), rebuilt.act(obs, infos, epsilon=0.0)
         assert a_live == a_rebuilt
         obs, _, _, _, infos = env.step(a_live)
     states = torch.as_tensor(np.stack([live.histories[a].state() for a in AGENTS]))
