@@ -179,8 +179,11 @@ def train_runs(settings: CompareSettings, plans: list[RunPlan], out: TextIO = sy
                 log = open(logs / f"{plan.name}.log", "a") if settings.jobs > 1 else None
                 print(f"compare: {what} {plan.name} -> {plan.run_dir}" +
                       (f" (log {logs / (plan.name + '.log')})" if log else ""), file=out, flush=True)
+                # a session of its own: a terminal's Ctrl-C reaches this process only, which forwards it
+                # once (a child getting it twice would exit without its checkpoint)
                 proc = subprocess.Popen(train_command(settings, plan, config_path), env=_child_env(),
-                                        stdout=log, stderr=subprocess.STDOUT if log else None)
+                                        stdout=log, stderr=subprocess.STDOUT if log else None,
+                                        start_new_session=True)
                 running[proc] = (plan, log)
             if received and not running:
                 break
@@ -197,6 +200,15 @@ def train_runs(settings: CompareSettings, plans: list[RunPlan], out: TextIO = sy
             if failed and not running:
                 break
     finally:
+        for proc, (plan, log) in running.items():  # only after an error here: never leave a child behind
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # it checkpoints and stops
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            if log is not None:
+                log.close()
         for s, h in previous.items():
             signal.signal(s, h)
     if received:

@@ -202,3 +202,38 @@ def test_unfinished_runs_resume_and_mismatched_configs_are_refused(compared, tmp
     proc = cli("compare", *ARGS, "--out", out, "--set", "lr=0.001", cwd=tmp)
     assert proc.returncode == 2 and "was trained with lr = 0.0005" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_ctrl_c_stops_the_comparison_with_checkpoints(tmp_path):
+    """SIGINT to `madqn compare` reaches the training child once: it checkpoints and stops; the comparison
+    stops with one line, and a rerun would resume that run."""
+    import signal
+    import time
+
+    from madqn.compare import CompareSettings, plan_runs
+    from madqn.config import make_config
+
+    out = tmp_path / "cmp"
+    args = [*ARGS[:ARGS.index("--steps")], "--steps", "20000", *ARGS[ARGS.index("--steps") + 2:]]
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "madqn", "compare", *args, "--jobs", "1", "--out", str(out)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        checkpoint = out / "runs" / "shared-s1" / "checkpoints" / "latest.pt"
+        deadline = time.time() + 120
+        while not checkpoint.is_file() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert checkpoint.is_file()
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, stderr
+    assert stderr.strip().splitlines()[-1] == ("madqn: error: compare stopped by SIGINT; the runs saved checkpoints: "
+                                               "rerun the same command to continue")
+    assert "stopped by SIGINT at step" in stdout  # the child's own graceful stop
+    settings = CompareSettings(config=make_config(out / "config.toml"), seeds=[1, 2], out=out)
+    plans = plan_runs(settings)
+    assert plans[0].status == "resume" and 0 < plans[0].step < 20000
+    assert [p.status for p in plans[1:]] == ["new"] * 3
