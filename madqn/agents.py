@@ -48,11 +48,10 @@ class Agents:
     @classmethod
     def from_trainer(cls, trainer: Any, seed: int | None = None) -> "Agents":
         """The trainer's current online networks (shared, not copied) acting on raw observations."""
-        specs = observation_specs(trainer.envs[0], trainer.config)
         networks = {a: g.learner.online_network for g in trainer.groups for a in g.agents}
         n_actions = {a: g.n_actions for g in trainer.groups for a in g.agents}
-        return cls(networks, specs, n_actions, trainer.config.hist_len,
-                   agent_ids={a: i for i, a in enumerate(trainer.agents)}, action_starts=action_starts(trainer.envs[0]),
+        return cls(networks, dict(trainer.observation_specs), n_actions, trainer.config.hist_len,
+                   agent_ids={a: i for i, a in enumerate(trainer.agents)}, action_starts=dict(trainer.action_starts),
                    device=trainer.device, seed=seed)
 
     @classmethod

@@ -36,7 +36,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from madqn.env import action_starts, observation_specs
 from madqn.errors import CheckpointError
 
 FORMAT_VERSION = 2
@@ -233,8 +232,8 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
         "config": trainer.config.to_dict(),
         "agents": list(trainer.agents),
         # how each agent's raw observations become network inputs (madqn.load_agents needs it)
-        "observation_specs": {a: spec.to_dict() for a, spec in observation_specs(trainer.envs[0], trainer.config).items()},
-        "action_starts": action_starts(trainer.envs[0]),
+        "observation_specs": {a: spec.to_dict() for a, spec in trainer.observation_specs.items()},
+        "action_starts": dict(trainer.action_starts),
         "step": int(trainer.step),
         "episodes": int(trainer.episodes),
         "learn_from": int(trainer.learn_from),

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from madqn.config import Config
+from madqn.env import action_starts, observation_specs
 from madqn.errors import MadqnError
 from madqn.networks import build_q_network
 from madqn.runner import EpisodeRecord, Group, Hook, Trainer, resolve_device
@@ -299,6 +300,8 @@ class DistributedTrainer(Trainer):
         self.pool = InlinePool(config, env) if pool == "inline" else RayPool(config, self.env_spec)
         probe = self._probe_env()
         self.agents = list(probe.possible_agents)
+        self.observation_specs = observation_specs(probe, config)  # raw observation -> network input (checkpoints)
+        self.action_starts = action_starts(probe)
         self.has_masks = self._probe_masks
         self.step = 0
         self.episodes = 0

@@ -20,7 +20,7 @@ import torch
 
 from madqn.actor import RecentHistory, epsilon_greedy, linear_epsilon
 from madqn.config import Config
-from madqn.env import is_pettingzoo_env
+from madqn.env import action_starts, is_pettingzoo_env, observation_specs
 from madqn.errors import MadqnError
 from madqn.learner import Learner
 from madqn.networks import build_q_network
@@ -111,6 +111,8 @@ class Trainer:
         self.envs = make_envs(env_spec, config)  # worker processes or inline copies (madqn.vecenv)
         first = self.envs[0]
         self.agents = list(first.possible_agents)
+        self.observation_specs = observation_specs(first, config)  # raw observation -> network input (checkpoints)
+        self.action_starts = action_starts(first)  # each agent's Discrete.start
         self.step = 0
         self.episodes = 0
         self.learn_from = config.learn_start  # learning rounds run once step > learn_from (later after a resume without replay)
