@@ -272,7 +272,7 @@ def evaluate_players(settings: CompareSettings, players: list[PlayerSpec], out: 
     from madqn.checkpoint import atomic_write_text
     from madqn.env import make_env
     from madqn.progress import Progress
-    from madqn.protocol import Player, cross_play, random_baseline, vs_random
+    from madqn.protocol import Player, cross_play, cross_settings, random_baseline, vs_random
 
     c = settings.config
     if c.num_threads:
@@ -293,6 +293,10 @@ def evaluate_players(settings: CompareSettings, players: list[PlayerSpec], out: 
                 loaded[name].policy.check_env(env, str(by_name[name].checkpoint))
             return loaded[name]
 
+        settings_per_kind = {"baseline": 1, "vs_random": len(agents), "cross": len(cross_settings(agents, "a", "b"))}
+        episodes = sum(j["episodes"] * settings_per_kind[j["kind"]] for j in jobs)
+        print(f"compare: {len(players)} networks and random; {len(jobs)} evaluation matches, {episodes} episodes "
+              f"at epsilon {settings.epsilon:g}", file=out, flush=True)
         rows: list[dict] = []
         cached = 0
         progress = Progress(len(jobs), every=max(1, len(jobs) // 10), desc="compare eval", unit="match", out=out)

@@ -167,12 +167,13 @@ class EvalHook(Hook):
     # ---- one evaluation -----------------------------------------------------------------------
     def evaluate(self, trainer: Trainer) -> float:
         """Evaluate now; returns the score (NaN when a seat completed no episode within the budget)."""
+        from madqn.agents import Agents
         from madqn.protocol import SELF, VS_RANDOM, Player, score_summary, length_summary, self_play, vs_random
 
         c = trainer.config
         seed = c.seed + EVAL_SEED_OFFSET
         seats = list(trainer.agents)
-        player = Player("trained", self._agents(trainer, seed))
+        player = Player("trained", Agents.from_trainer(trainer, seed=seed))
         networks = [g.learner.online_network for g in trainer.groups]
         modes = [n.training for n in networks]
         for n in networks:
@@ -220,18 +221,6 @@ class EvalHook(Hook):
         trainer.log_scalars(scalars)
         self._print(" | ".join(parts))
         return score
-
-    def _agents(self, trainer: Trainer, seed: int) -> Any:
-        """The trainer's online networks (not copies) acting in the evaluation env: observation specs and
-        action offsets come from that env, so trainers without envs of their own (distributed) work too."""
-        from madqn.agents import Agents
-        from madqn.env import action_starts, observation_specs
-
-        return Agents({a: g.learner.online_network for g in trainer.groups for a in g.agents},
-                      observation_specs(self.env, trainer.config),
-                      {a: g.n_actions for g in trainer.groups for a in g.agents}, trainer.config.hist_len,
-                      agent_ids={a: i for i, a in enumerate(trainer.agents)}, action_starts=action_starts(self.env),
-                      device=trainer.device, seed=seed)
 
     def _save_best(self, trainer: Trainer, score: float) -> bool:
         from madqn.guard import find_non_finite

@@ -213,6 +213,7 @@ def markdown(results: dict[str, Any], files: dict[str, Path]) -> str:
     lines += ["## Runs", ""]
     header = ["run", "agent steps", "updates", "wall time", "best eval (step: score)"] + \
              [f"vs random: {s}" for s in seats]
+    header += ["episode length vs random"]
     if len(seats) > 1:
         header += ["W/D/L vs random (all seats)"]
     if two_sided:
@@ -224,6 +225,7 @@ def markdown(results: dict[str, Any], files: dict[str, Path]) -> str:
         best = "-" if run["best"] is None else f"{run['best']['step']:,}: {run['best']['score']:.2f}"
         row = [run["name"], fmt_count(run["steps"]), fmt_count(sum(run["updates"].values())),
                fmt_duration(run["wall_time"]), best] + [fmt(final["vs_random"][s]) for s in seats]
+        row.append(fmt(final["vs_random_length"], 1))
         if len(seats) > 1:
             total = _sum_records([final["vs_random"][s]["record"] for s in seats])
             row.append(fmt_record(total))
@@ -234,6 +236,7 @@ def markdown(results: dict[str, Any], files: dict[str, Path]) -> str:
         if run["best_player"] is not None:
             b = run["best_player"]
             brow = [f"{run['name']}@best (step {b['step']:,})", "", "", "", ""] + [fmt(b["vs_random"][s]) for s in seats]
+            brow.append(fmt(b["vs_random_length"], 1))
             if len(seats) > 1:
                 brow.append(fmt_record(_sum_records([b["vs_random"][s]["record"] for s in seats])))
             if two_sided:

@@ -6,6 +6,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Processes the tests start indirectly (env worker processes, Ray workers) import this checkout too,
+# not whichever madqn is installed.
+if str(ROOT) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+
 
 @pytest.fixture
 def madqn_cli():
