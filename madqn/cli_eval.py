@@ -18,7 +18,7 @@ def _eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval", help="evaluate a trained run: against random players, itself, or another run",
         description="Play evaluation episodes with a trained run's networks at epsilon eval_ep (0.05) on raw scores "
-                    "and report per-seat scores (mean, std, 95%% confidence interval), episode lengths and "
+                    "and report per-seat scores (mean, std, 95% confidence interval), episode lengths and "
                     "win/draw/loss rates. --opponent random: the trained agents in each seat against random "
                     "players (the multiplayer-ALE protocol), with the random-vs-random baseline on the same "
                     "episodes; self: the trained agents in every seat; RUN_DIR2 or a checkpoint: cross-play, "

@@ -299,7 +299,7 @@ def evaluate_players(settings: CompareSettings, players: list[PlayerSpec], out: 
               f"at epsilon {settings.epsilon:g}", file=out, flush=True)
         rows: list[dict] = []
         cached = 0
-        progress = Progress(len(jobs), every=max(1, len(jobs) // 10), desc="compare eval", unit="match", out=out)
+        progress = Progress(len(jobs), every=max(1, len(jobs) // 10), desc="compare", unit="eval", out=out)
         for k, job in enumerate(jobs):
             path = _cache_path(settings, job["key"])
             job_rows = None
@@ -480,9 +480,18 @@ def compare(settings: CompareSettings, out: TextIO = sys.stdout) -> CompareResul
     from madqn.checkpoint import atomic_write_text
     from madqn.report import write_report
 
+    from madqn.env import make_env
+    from madqn.runner import check_shared_spaces
+
     c = settings.config
-    if ":" in c.env and c.env.split(":")[0].endswith(".py") and not Path(c.env.rsplit(":", 1)[0]).is_file():
-        raise MadqnError(f"env file not found: {c.env.rsplit(':', 1)[0]}")
+    env = make_env(c.env, c, seed=c.seed)  # a bad env spec, or one a shared network cannot play: one line, now
+    try:
+        check_shared_spaces(env)
+    except MadqnError as e:
+        raise MadqnError(f"{str(e).replace('; use --sharing independent', '')}: madqn compare trains both variants "
+                         "and a shared network cannot play this env") from None
+    finally:
+        env.close()
     if len(set(settings.seeds)) != len(settings.seeds) or not settings.seeds:
         raise MadqnError(f"seeds must be distinct and at least one, got {settings.seeds}")
     for name in ("episodes", "h2h_episodes"):

@@ -157,7 +157,7 @@ def markdown(results: dict[str, Any], files: dict[str, Path]) -> str:
              f"madqn compare, {time.strftime('%Y-%m-%d %H:%M')}: {r['steps']:,} agent steps per run, seeds "
              f"{', '.join(map(str, r['seeds']))}, DQN3.0 config below. Evaluation at epsilon {r['epsilon']:g} on raw "
              f"scores: {r['episodes']} episodes per seat against random players"
-             + (f", {r['h2h_episodes']} episodes per seat assignment in cross-play" if two_sided else "")
+             + (f", {_n(r['h2h_episodes'], 'episode')} per seat assignment in cross-play" if two_sided else "")
              + f" (episode seeds {r['eval_seed']}..{r['eval_seed'] + max(r['episodes'], r['h2h_episodes']) - 1}).",
              "", f"Values are mean ± half-width of the {conf} Student-t confidence interval; in the summary the "
              "replicates are the seeds (each run's mean over its episodes), elsewhere the episodes.", ""]
@@ -197,7 +197,7 @@ def markdown(results: dict[str, Any], files: dict[str, Path]) -> str:
     if two_sided:
         rec = h2h["record"]
         lines += ["## Head-to-head: shared against independent", "",
-                  f"Every shared run against every independent run, {r['h2h_episodes']} episodes per seat "
+                  f"Every shared run against every independent run, {_n(r['h2h_episodes'], 'episode')} per seat "
                   "assignment, seats swapped so that each network plays each seat equally often.", "",
                   f"- shared wins/draws/losses: {fmt_record(rec)} of {rec['games']} games",
                   f"- shared points per game (win 1, draw 1/2) over the {h2h['score']['n']} seed pairings: "
@@ -321,6 +321,10 @@ def _config_lines(config: dict[str, Any]) -> list[str]:
     from madqn.config import _toml_value
 
     return [f"{k} = {_toml_value(v)}" for k, v in config.items() if k not in ("sharing", "seed")]
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _mirror(score: dict[str, Any]) -> dict[str, Any]:

@@ -237,3 +237,20 @@ def test_ctrl_c_stops_the_comparison_with_checkpoints(tmp_path):
     plans = plan_runs(settings)
     assert plans[0].status == "resume" and 0 < plans[0].step < 20000
     assert [p.status for p in plans[1:]] == ["new"] * 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env", "nonexistent_v1"], "cannot resolve env 'nonexistent_v1'"),
+    (["--env", f"{ROOT / 'envs' / 'gridrace.py'}:make_heterogeneous_env"], "a shared network cannot play this env"),
+    (["--set", "sharing=shared"], "trains both sharing modes"),
+    (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--episodes", "1"], "--episodes must be >= 2"),
+    (["--set", "lr_typo=1"], "unknown config key 'lr_typo'"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, message):
+    from madqn.cli import main
+
+    code = main(["compare", "--env", CATCH, "--steps", "10", "--out", str(tmp_path / "cmp"), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "cmp").exists()
