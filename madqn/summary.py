@@ -3,8 +3,9 @@
 Built from the run directory alone (``summarize_run``), so any command (train, eval, compare,
 video) can print it for any run. Scores come from ``episodes.csv``: the mean raw score of each
 agent's last ``window`` training episodes (``final``) and the best such running mean (``best``).
-Evaluation results, when a command has them, are passed in as ``evaluations`` and get their own
-columns; nothing is shown for evaluations that did not happen.
+Evaluation results get their own columns: passed in as ``evaluations``, or else the run's periodic
+evaluations (``eval.csv``: the last one and the best one per seat); nothing is shown for
+evaluations that did not happen.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ def summarize_run(run_dir: str | Path, *, wall_time: float | None = None, window
     for agent, values in scores.items():
         arr = np.asarray(values)
         agents[agent] = AgentResult(len(values), float(arr[-window:].mean()), running_best(arr, window))
-    for agent, (final, best) in (evaluations or {}).items():
+    if evaluations is None:
+        evaluations = periodic_evaluations(run_dir)
+    for agent, (final, best) in evaluations.items():
         result = agents.setdefault(agent, AgentResult(0, float("nan"), float("nan")))
         result.eval_final, result.eval_best = final, best
     steps = max((int(r["step"]) for r in train), default=max((int(r["step"]) for r in episodes), default=0))
@@ -95,12 +98,22 @@ def summarize_run(run_dir: str | Path, *, wall_time: float | None = None, window
     return summary
 
 
+def periodic_evaluations(run_dir: Path) -> dict[str, tuple[float, float]]:
+    """Seat -> (score of the last periodic evaluation, best evaluation score) from ``eval.csv`` (``madqn.eval_hook``);
+    evaluations in which the seat completed no episode are skipped."""
+    scores: dict[str, list[float]] = {}
+    for row in _read_csv(Path(run_dir) / "eval.csv"):
+        if int(row["episodes"]) > 0:
+            scores.setdefault(row["seat"], []).append(float(row["mean"]))
+    return {seat: (values[-1], max(values)) for seat, values in scores.items()}
+
+
 def _files(run_dir: Path) -> dict[str, str]:
     files: dict[str, str] = {}
     checkpoints = sorted((run_dir / "checkpoints").glob("*.pt"))
     if checkpoints:
         files["checkpoints"] = ", ".join(str(p) for p in checkpoints)
-    metrics = [run_dir / n for n in ("episodes.csv", "train.csv") if (run_dir / n).is_file()]
+    metrics = [run_dir / n for n in ("episodes.csv", "train.csv", "eval.csv", "valid.csv") if (run_dir / n).is_file()]
     metrics += sorted(p for p in run_dir.glob("*.csv") if p not in metrics)
     if metrics:
         files["metrics"] = ", ".join(str(p) for p in metrics)

@@ -73,6 +73,12 @@ def test_periodic_evaluation_files(trained):
                                                                               for s in (1000, 2000, 3000, 4000)]
     assert all(np.isfinite(float(r["V"])) and 0 <= float(r["td_error"]) <= 1 for r in valid)
     assert "eval step 1000 (random): catcher_0" in stdout
+    # the end-of-run summary shows the last and the best periodic evaluation per seat
+    assert "eval final" in stdout and "eval best" in stdout
+    for seat in AGENTS:
+        means = [float(r["mean"]) for r in evals if r["seat"] == seat]
+        line = next(x for x in stdout.splitlines() if x.strip().startswith(seat))
+        assert line.split()[-2:] == [f"{means[-1]:.2f}", f"{max(means):.2f}"]
 
 
 def test_trained_agents_beat_random(trained, tmp_path):
