@@ -2,7 +2,6 @@
 recomputed directly from the raw CSV, reruns that keep finished runs and reuse evaluations, resuming.
 """
 
-import csv
 import json
 import math
 import os
@@ -16,6 +15,7 @@ import pytest
 from PIL import Image
 
 from madqn.rating import expected_score
+from helpers import read_csv, run_madqn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CATCH = f"{ROOT / 'envs' / 'catch.py'}:make_small_env"
@@ -28,22 +28,11 @@ ARGS = ["--env", CATCH, "--config", CONFIG, "--steps", "300", "--seeds", "2", "-
         "--set", "final_eval_episodes=0"]
 
 
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def cli(*args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "madqn", *map(str, args)], capture_output=True, text=True,
-                          timeout=600, cwd=cwd, env=env)
-
-
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compare")
     out = tmp / "cmp"
-    proc = cli("compare", *ARGS, "--out", out, cwd=tmp)
+    proc = run_madqn("compare", *ARGS, "--out", out, cwd=tmp)
     assert proc.returncode == 0, proc.stderr + proc.stdout[-3000:]
     return tmp, out, proc.stdout
 
@@ -175,7 +164,7 @@ def test_rerun_keeps_finished_runs_and_reuses_evaluations(compared):
     checkpoints = sorted((out / "runs").glob("*/checkpoints/*.pt"))
     before = {p: p.stat().st_mtime_ns for p in checkpoints}
     results_before = json.loads((out / "results.json").read_text())
-    proc = cli("compare", *ARGS, "--out", out, cwd=tmp)
+    proc = run_madqn("compare", *ARGS, "--out", out, cwd=tmp)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("finished earlier (300 agent steps): kept") == 4
     assert re.search(r"(\d+) of \1 evaluation matches read from", proc.stdout)
@@ -199,7 +188,7 @@ def test_unfinished_runs_resume_and_mismatched_configs_are_refused(compared, tmp
     command = train_command(longer, plans[0], out / "config.toml")
     assert command[-6:] == ["--resume", str(out / "runs" / "shared-s1"), "--steps", "400", "--set", "num_threads=1"] \
         or command[-4:] == ["--resume", str(out / "runs" / "shared-s1"), "--steps", "400"]
-    proc = cli("compare", *ARGS, "--out", out, "--set", "lr=0.001", cwd=tmp)
+    proc = run_madqn("compare", *ARGS, "--out", out, "--set", "lr=0.001", cwd=tmp)
     assert proc.returncode == 2 and "was trained with lr = 0.0005" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 

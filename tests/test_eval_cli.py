@@ -6,11 +6,8 @@ feeds the tests. Thresholds as in the custom-env learning test (tests/test_learn
 catchers score about -2.5 per 5-ball episode, trained ones 4.5..4.9.
 """
 
-import csv
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +16,7 @@ import torch
 
 from madqn.cli import main
 from madqn.checkpoint import safe_load
+from helpers import read_csv, run_madqn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CATCH = f"{ROOT / 'envs' / 'catch.py'}:make_small_env"
@@ -26,22 +24,11 @@ CONFIG = ROOT / "configs" / "catch_small.toml"
 AGENTS = ["catcher_0", "catcher_1"]
 
 
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def cli(*args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "madqn", *map(str, args)], capture_output=True, text=True,
-                          timeout=600, cwd=cwd, env=env)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("evalcli")
     run_dir = tmp / "catch"
-    proc = cli("train", "--env", CATCH, "--config", CONFIG, "--run-dir", run_dir, "--set", "eval_freq=1000",
+    proc = run_madqn("train", "--env", CATCH, "--config", CONFIG, "--run-dir", run_dir, "--set", "eval_freq=1000",
                "--set", "eval_steps=450", "--set", "valid_size=100", "--set", "final_eval_episodes=0", cwd=tmp)
     assert proc.returncode == 0, proc.stderr
     return run_dir, proc.stdout
@@ -83,7 +70,7 @@ def test_periodic_evaluation_files(trained):
 
 def test_trained_agents_beat_random(trained, tmp_path):
     run_dir, _ = trained
-    proc = cli("eval", run_dir, "--episodes", 20, "--seed", 5, cwd=tmp_path)
+    proc = run_madqn("eval", run_dir, "--episodes", 20, "--seed", 5, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = run_dir / "evals" / "random-s5-n20.csv"
     rows = read_csv(out)
@@ -107,11 +94,11 @@ def test_trained_agents_beat_random(trained, tmp_path):
 
 def test_self_cross_best_and_video(trained, tmp_path):
     run_dir, _ = trained
-    proc = cli("eval", run_dir, "--opponent", "self", "--episodes", 3, "--out", tmp_path / "self.csv", cwd=tmp_path)
+    proc = run_madqn("eval", run_dir, "--opponent", "self", "--episodes", 3, "--out", tmp_path / "self.csv", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert {r["setting"] for r in read_csv(tmp_path / "self.csv")} == {"catcher_0=catch catcher_1=catch"}
 
-    proc = cli("eval", run_dir, "--opponent", run_dir, "--checkpoint", "best", "--episodes", 3,
+    proc = run_madqn("eval", run_dir, "--opponent", run_dir, "--checkpoint", "best", "--episodes", 3,
                "--out", tmp_path / "cross.csv", "--video", tmp_path / "cross.gif", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = read_csv(tmp_path / "cross.csv")

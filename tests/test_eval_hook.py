@@ -1,6 +1,5 @@
 """Periodic evaluation during training and DQN3.0's validation statistics."""
 
-import csv
 from pathlib import Path
 
 import numpy as np
@@ -11,14 +10,10 @@ from madqn.checkpoint import safe_load
 from madqn.config import make_config
 from madqn.eval_hook import draw_validation_set, validation_statistics
 from madqn.runner import Trainer
+from helpers import read_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.toml"
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def test_validation_statistics_match_a_per_sample_computation():

@@ -1,7 +1,6 @@
 """The example envs in envs/: PettingZoo API tests, their rules, and training on them through the
 library and the CLI in both sharing modes, with the replay streams checked entry by entry."""
 
-import csv
 import subprocess
 import sys
 import warnings
@@ -22,14 +21,10 @@ sys.path.insert(0, str(ROOT / "envs"))
 
 import catch  # noqa: E402
 import gridrace  # noqa: E402
+from helpers import read_csv  # noqa: E402
 
 TINY = {"steps": 160, "learn_start": 100, "update_freq": 4, "target_q": 40, "replay_memory": 2_000,
         "final_eval_episodes": 2, "prog_freq": 80, "save_freq": 1_000, "num_threads": 1}
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 # ---- PettingZoo API tests -------------------------------------------------------------------

@@ -4,7 +4,6 @@ Subprocess tests run this checkout's CLI (``madqn_cli`` fixture) and kill it for
 SIGINT, SIGTERM); faults inside a checkpoint write come from the documented MADQN_FAULT test hook.
 """
 
-import csv
 import signal
 import subprocess
 import time
@@ -17,6 +16,7 @@ import torch
 import madqn
 from madqn.checkpoint import REPLAY_KIND, safe_load
 from madqn.errors import ConfigError, MadqnError
+from helpers import read_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.toml"
@@ -24,11 +24,6 @@ SMOKE = ROOT / "configs" / "smoke.toml"
 # and a checkpoint every 100
 FAST = ["--config", str(SMOKE), "--set", "prog_freq=50", "--set", "save_freq=100", "--set", "num_threads=1",
         "--set", "minibatch_size=8"]
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def latest(run_dir):

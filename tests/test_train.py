@@ -1,6 +1,5 @@
 """End-to-end: the CLI and the library train on the real pong_v3 emulator with real gradient updates."""
 
-import csv
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import madqn
 from madqn.checkpoint import safe_load
 from madqn.config import make_config
 from madqn.runner import Trainer
+from helpers import read_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.toml"
@@ -23,11 +23,6 @@ def madqn_cmd(*args):
     """Run the CLI from this checkout (not whichever madqn is installed)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return [sys.executable, "-m", "madqn", *args], env
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.mark.parametrize("sharing", ["shared", "independent"])

@@ -19,17 +19,13 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 from PIL import Image
+from helpers import read_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.toml"
 TRAIN_ARGS = ["--config", str(SMOKE), "--seed", "3", "--set", "max_cycles=100", "--set", "prog_freq=50",
               "--set", "video_freq=150", "--set", "video_length=20", "--set", "num_threads=1"]
 AGENTS = ["first_0", "second_0"]
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def video_frames(path):
