@@ -174,6 +174,20 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], Config]:
     return state, config
 
 
+def load_for_play(path: str | Path, eps: float | None = None) -> tuple[dict[str, Any], Config, float]:
+    """``load_checkpoint`` plus what playing needs: torch threads as the run set them, and the epsilon
+    to act with (the run's ``eval_ep`` unless ``eps`` is given), checked to lie in [0, 1]."""
+    from madqn.errors import MadqnError
+
+    state, config = load_checkpoint(path)
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    epsilon = config.eval_ep if eps is None else eps
+    if not 0.0 <= epsilon <= 1.0:
+        raise MadqnError(f"--eps must be in [0, 1], got {epsilon}")
+    return state, config, epsilon
+
+
 def load_agents(path: str | Path, *, env: Any = None, device: str = "cpu", seed: int | None = None) -> Agents:
     """Load trained agents from a run directory or a checkpoint file, ready to ``act``.
 

@@ -67,7 +67,7 @@ def checkpoint_file(path: str | Path, which: str = "latest") -> Path:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from madqn.agents import Agents, load_agents, load_checkpoint
+    from madqn.agents import Agents, load_agents, load_for_play
     from madqn.env import make_env
     from madqn.progress import Progress
     from madqn.protocol import Player, cross_play, cross_settings, self_play, vs_random
@@ -81,14 +81,7 @@ def run_eval(args: argparse.Namespace) -> int:
         if args.video_episodes < 1:
             raise MadqnError(f"--video-episodes must be >= 1, got {args.video_episodes}")
     file = checkpoint_file(args.run, args.checkpoint)
-    state, config = load_checkpoint(file)
-    if config.num_threads:
-        import torch
-
-        torch.set_num_threads(config.num_threads)
-    epsilon = config.eval_ep if args.eps is None else args.eps
-    if not 0.0 <= epsilon <= 1.0:
-        raise MadqnError(f"--eps must be in [0, 1], got {epsilon}")
+    state, config, epsilon = load_for_play(file, args.eps)
     device = resolve_device(args.device)
     env_spec = args.env or config.env
     env_config = config.replace(terminal_on_life_loss=False)

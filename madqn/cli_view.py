@@ -71,7 +71,7 @@ def _video(sub: argparse._SubParsersAction) -> None:
 
 
 def run_video(args: argparse.Namespace) -> int:
-    from madqn.agents import Agents, checkpoint_path, load_checkpoint
+    from madqn.agents import Agents, checkpoint_path, load_for_play
     from madqn.env import make_env
     from madqn.runner import resolve_device
     from madqn.video import check_video_path, format_score, record_episodes
@@ -81,14 +81,7 @@ def run_video(args: argparse.Namespace) -> int:
     out = check_video_path(args.out if args.out else run_dir / "videos" / "eval.mp4")
     if args.episodes < 1:
         raise MadqnError(f"--episodes must be >= 1, got {args.episodes}")
-    state, config = load_checkpoint(checkpoint)
-    if config.num_threads:
-        import torch
-
-        torch.set_num_threads(config.num_threads)
-    epsilon = config.eval_ep if args.eps is None else args.eps
-    if not 0.0 <= epsilon <= 1.0:
-        raise MadqnError(f"--eps must be in [0, 1], got {epsilon}")
+    state, config, epsilon = load_for_play(checkpoint, args.eps)
     max_steps = config.video_length if args.max_steps is None else args.max_steps
     try:
         env = make_env(args.env or config.env, config.replace(terminal_on_life_loss=False), seed=args.seed,
