@@ -42,7 +42,7 @@ from madqn.config import Config
 from madqn.env import action_starts, observation_specs
 from madqn.errors import MadqnError
 from madqn.networks import build_q_network
-from madqn.runner import EpisodeRecord, Group, Hook, Trainer, resolve_device
+from madqn.runner import EpisodeRecord, Group, Hook, Trainer, learning_rounds, resolve_device
 
 Entry = tuple  # (group, stream, frame, action, reward, terminal, episode_end, mask)
 
@@ -372,8 +372,7 @@ class DistributedTrainer(Trainer):
                 self._ingest(result)
                 self.step = prev + result.steps
                 if c.update_ratio == "fixed" and self.learn_from < self.step:
-                    rounds = self.step // c.update_freq - max(prev, self.learn_from) // c.update_freq
-                    self._learn_rounds(rounds, prev)
+                    self._learn_rounds(learning_rounds(prev, self.step, self.learn_from, c.update_freq), prev)
                 self.pool.submit(result.actor, c.rollout_len, self.step, self._current_weights())
                 for h in self.hooks:
                     h.on_step(self)

@@ -89,6 +89,14 @@ class Hook:
     def on_scalars(self, trainer: "Trainer", step: int, scalars: dict[str, float]) -> None: ...
 
 
+def learning_rounds(prev: int, step: int, learn_from: int, update_freq: int) -> int:
+    """DQN3.0 perceive: a learning round at every step > learn_from that is a multiple of update_freq;
+    how many such steps lie in (prev, step] (several when one call advances several agent steps)."""
+    if step <= learn_from:
+        return 0
+    return step // update_freq - max(prev, learn_from) // update_freq
+
+
 def clip_reward(r: float, lo: float, hi: float) -> float:
     return min(max(float(r), lo), hi)
 
@@ -214,9 +222,8 @@ class Trainer:
             if hasattr(self.envs[i], "step_async"):
                 self.envs[i].step_async(per_env[i])
         prev, step = self.step, self.step + len(self.envs)
-        n_updates = 0
-        if self.learn_from < step:  # learn_start, or later after a resume without replay
-            n_updates = (step // c.update_freq - max(prev, self.learn_from) // c.update_freq) * c.n_replay
+        # learn_from: learn_start, or later after a resume without replay
+        n_updates = learning_rounds(prev, step, self.learn_from, c.update_freq) * c.n_replay
         sync_target = c.target_q > 0 and step // c.target_q > prev // c.target_q
         if self.background is not None:
             self.background.submit(n_updates, step, sync_target)

@@ -65,3 +65,17 @@ def test_epsilon_fraction_and_q_called_only_for_greedy_rows():
     # greedy picks 1; random picks 0 or 1 with 1/2 each: P(0) = 0.2 * 0.5 = 0.1
     assert 0.085 < (a == 0).mean() < 0.115
     assert 7_800 < seen[0] < 8_200
+
+
+@pytest.mark.parametrize("prev, step, learn_from, update_freq, expected", [
+    (99, 100, 100, 4, 0),    # step 100 is not > learn_start: no learning yet
+    (100, 101, 100, 4, 0),   # 101 is not a multiple of 4
+    (103, 104, 100, 4, 1),   # 104: the first round
+    (100, 108, 100, 4, 2),   # a vector step of 8 crosses 104 and 108
+    (0, 300, 100, 4, 50),    # the smoke run: (300 - 100) / 4
+    (96, 104, 100, 4, 1),    # 100 itself is not > learn_start, 104 is
+])
+def test_learning_rounds_follow_dqn3_perceive(prev, step, learn_from, update_freq, expected):
+    from madqn.runner import learning_rounds
+
+    assert learning_rounds(prev, step, learn_from, update_freq) == expected
