@@ -102,6 +102,14 @@ class Config:
     min_reward: float = _f(-1.0, "rewards clipped below at this value (per agent step, after summing the repeat)")
     max_reward: float = _f(1.0, "rewards clipped above at this value")
 
+    # --- beyond DQN3.0 (each off by default; docs/dqn3.md says what each changes) ---------------
+    double: bool = _f(False, "Double DQN (van Hasselt et al. 2016): the online network picks the next action, the target network values it")
+    optimizer: str = _f("rmsprop", "'rmsprop': DQN3.0's centred RMSProp (rmsprop_decay, rmsprop_eps); 'adam': Adam with adam_eps (Rainbow: lr 6.25e-5, eps 1.5e-4)",
+                        choices=("rmsprop", "adam"))
+    adam_eps: float = _f(1.5e-4, "Adam's epsilon (optimizer = 'adam')", min=0.0)
+    precision: str = _f("fp32", "learner arithmetic: 'fp32' (DQN3.0), 'bf16' (autocast forwards and backward; weights, targets and optimizer stay fp32), 'auto' (bf16 where the CPU/GPU supports it natively)",
+                        choices=("fp32", "bf16", "auto"))
+
     # --- evaluation, logging, checkpoints ---------------------------------------------------
     eval_freq: int = _f(250_000, "evaluate every eval_freq agent steps (0 = never during training) [agent steps]", min=0)
     eval_steps: int = _f(125_000, "length of one evaluation [agent steps]", min=1)

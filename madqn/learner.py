@@ -23,34 +23,45 @@ def q_targets(
     rewards: Tensor,
     terminals: Tensor,
     *,
-    discount: float,
+    discount: float | Tensor,
     clip_delta: float,
     r_max: float = 1.0,
     rescale_r: bool = False,
     next_action_mask: Tensor | None = None,
+    q2_online: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """DQN3.0 getQUpdate on a batch. Returns ``(targets_BA, delta_B, q2_max_B)``.
 
     q_all: Q(s, .) of the online net (B, A); q2_all: Q(s2, .) of the target net (B, A);
-    actions (B,) long; rewards (B,) clipped rewards; terminals (B,) "s2 is terminal".
+    actions (B,) long; rewards (B,) clipped rewards; terminals (B,) "s2 is terminal";
+    discount a float or a (B,) tensor (one discount per row, e.g. gamma**k for n-step returns).
     q2_max = max over the (legal, if ``next_action_mask`` (B, A) bool is given) actions, 0 for a
     row with no legal action; delta = r [/ r_max] + discount * q2_max * (1 - term) - Q(s, a),
     clipped to [-clip_delta, clip_delta] when clip_delta > 0; targets is zero except
     targets[i, a_i] = clipped delta_i. The returned delta is the clipped one, q2_max the raw max
     (before discount and terminal masking). Never part of autodiff.
+
+    Double DQN (van Hasselt et al. 2016): with ``q2_online`` (B, A), Q(s2, .) of the ONLINE net,
+    the bootstrap value is q2_all[i, argmax_a q2_online[i, a]] over the legal actions instead of
+    the max of q2_all (still 0 for a row with no legal action); q2_max is that value.
     """
     with torch.no_grad():
         q_all = q_all.detach()
         q2_all = q2_all.detach()
         actions_B1 = actions.long().view(-1, 1)
-        if next_action_mask is not None:
-            mask_BA = next_action_mask.to(torch.bool)
-            q2_masked = q2_all.masked_fill(~mask_BA, float("-inf"))
-            q2_max = q2_masked.max(dim=1).values
-            q2_max = torch.where(mask_BA.any(dim=1), q2_max, torch.zeros_like(q2_max))
+        mask_BA = None if next_action_mask is None else next_action_mask.to(torch.bool)
+        chooser = q2_all if q2_online is None else q2_online.detach()
+        if mask_BA is not None:
+            chooser = chooser.masked_fill(~mask_BA, float("-inf"))
+        if q2_online is None:
+            q2_max = chooser.max(dim=1).values
         else:
-            q2_max = q2_all.max(dim=1).values
+            q2_max = q2_all.gather(1, chooser.argmax(dim=1, keepdim=True)).squeeze(1)
+        if mask_BA is not None:
+            q2_max = torch.where(mask_BA.any(dim=1), q2_max, torch.zeros_like(q2_max))
         not_term = 1.0 - terminals.to(q2_max.dtype)
+        if isinstance(discount, Tensor):
+            discount = discount.to(q2_max.dtype)
         q2 = discount * q2_max * not_term
         r = rewards.to(q2_max.dtype)
         if rescale_r:
@@ -139,11 +150,45 @@ def lr_at(step: int, *, learn_start: int, lr_start: float, lr_end: float, lr_end
     return (lr_start - lr_end) * max(0, lr_endt - t) / lr_endt + lr_end
 
 
+def build_optimizer(params, name: str, *, lr: float, decay: float = 0.95, eps: float = 0.01,
+                    weight_cost: float = 0.0, adam_eps: float = 1.5e-4) -> torch.optim.Optimizer:
+    """``"rmsprop"``: DQN3.0's centred RMSProp (:class:`DQN3RMSprop`); ``"adam"``: Adam (Kingma & Ba
+    2015) with ``adam_eps``, as Rainbow used it (lr 6.25e-5, eps 1.5e-4); weight_cost is its L2 term."""
+    if name == "rmsprop":
+        return DQN3RMSprop(params, lr=lr, decay=decay, eps=eps, weight_cost=weight_cost)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, eps=adam_eps, weight_decay=weight_cost)
+    raise ValueError(f"unknown optimizer {name!r}: expected 'rmsprop' or 'adam'")
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """Whether the device runs bfloat16 matmuls natively (CUDA compute capability >= 8.0, or a CPU
+    with AVX512-BF16 / AMX), which is what ``precision = "auto"`` asks for."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        try:
+            flags = open("/proc/cpuinfo").read()
+        except OSError:
+            return False
+        return " avx512_bf16" in flags or " amx_bf16" in flags
+    return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``"fp32"``/``"bf16"`` as given; ``"auto"``: bf16 where the device supports it natively."""
+    if precision == "auto":
+        return "bf16" if bf16_supported(device) else "fp32"
+    return precision
+
+
 class Learner:
-    """Online network, target network (a frozen deepcopy) and DQN3RMSprop; one update per call.
+    """Online network, target network (a frozen deepcopy) and optimizer; one update per call.
 
     With a shared network several agents' minibatches feed the same Learner; ``agent_ids`` are
-    passed to the networks only when they were built with ``n_agents > 0``.
+    passed to the networks only when they were built with ``n_agents > 0``. The defaults are
+    DQN3.0's; ``double``, ``optimizer = "adam"`` and ``precision = "bf16"`` are the switchable
+    extensions (docs/dqn3.md).
     """
 
     def __init__(
@@ -163,15 +208,21 @@ class Learner:
         decay: float = 0.95,
         eps: float = 0.01,
         use_target: bool = True,
+        optimizer: str = "rmsprop",
+        adam_eps: float = 1.5e-4,
+        double: bool = False,
+        precision: str = "fp32",
     ):
         self.device = torch.device(device)
         self.online_network = network.to(self.device)
         self.target_network = copy.deepcopy(self.online_network)
         self.target_network.requires_grad_(False)
         self.target_network.eval()
-        self.optimizer = DQN3RMSprop(self.online_network.parameters(), lr=lr, decay=decay, eps=eps,
-                                     weight_cost=weight_cost)
+        self.optimizer = build_optimizer(self.online_network.parameters(), optimizer, lr=lr, decay=decay, eps=eps,
+                                         weight_cost=weight_cost, adam_eps=adam_eps)
         self.use_target = use_target  # False: bootstrap from the online network (DQN3.0 with target_q unset)
+        self.double = double
+        self.precision = resolve_precision(precision, self.device)
         self.lr_start = lr
         self.lr_end = lr_end
         self.lr_endt = lr_endt
@@ -185,6 +236,11 @@ class Learner:
     def _ids(self, agent_ids: Tensor | None) -> Tensor | None:
         return agent_ids if self.uses_agent_ids else None
 
+    def _autocast(self):
+        """bf16 autocast for the forwards (and so the backward) when precision is bf16; weights, the
+        targets/delta, gradients and optimizer state stay fp32."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
     def update(
         self,
         states: Tensor,
@@ -195,36 +251,45 @@ class Learner:
         agent_ids: Tensor | None = None,
         next_action_masks: Tensor | None = None,
         step: int = 0,
+        discounts: Tensor | None = None,
+        weights: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """One DQN3.0 qLearnMinibatch on tensors already on the device.
 
+        ``discounts`` (B,): per-row discounts replacing ``discount`` (n-step returns); ``weights``
+        (B,): importance weights that scale each row's injected delta (prioritized replay).
         Returns 0-dim detached tensors (no host sync): mean |clipped delta|, mean Q(s, a) and
-        mean max_a Q_target(s2, a).
+        mean max_a Q_target(s2, a), plus ``delta`` (B,), the clipped TD errors.
         """
         ids = self._ids(agent_ids)
-        with torch.no_grad():
-            q2_all = (self.target_network if self.use_target else self.online_network)(next_states, ids)
-        q_all = self.online_network(states, ids)
+        with self._autocast():
+            with torch.no_grad():
+                q2_all = (self.target_network if self.use_target else self.online_network)(next_states, ids)
+                q2_online = self.online_network(next_states, ids) if self.double else None
+            q_all = self.online_network(states, ids)
         targets, delta, q2_max = q_targets(
-            q_all.detach(),
-            q2_all,
+            q_all.detach().float(),
+            q2_all.float(),
             actions,
             rewards,
             terminals,
-            discount=self.discount,
+            discount=self.discount if discounts is None else discounts,
             clip_delta=self.clip_delta,
             r_max=self.r_max,
             rescale_r=self.rescale_r,
             next_action_mask=next_action_masks,
+            q2_online=None if q2_online is None else q2_online.float(),
         )
+        if weights is not None:
+            targets = targets * weights.to(targets.dtype).view(-1, 1)
         self.optimizer.zero_grad(set_to_none=True)
-        q_all.backward(-targets)
+        q_all.backward((-targets).to(q_all.dtype))
         lr = lr_at(step, learn_start=self.learn_start, lr_start=self.lr_start, lr_end=self.lr_end, lr_endt=self.lr_endt)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        q_sa = q_all.detach().gather(1, actions.long().view(-1, 1))
-        return {"abs_delta": delta.abs().mean(), "q_mean": q_sa.mean(), "q2_max": q2_max.mean()}
+        q_sa = q_all.detach().float().gather(1, actions.long().view(-1, 1))
+        return {"abs_delta": delta.abs().mean(), "q_mean": q_sa.mean(), "q2_max": q2_max.mean(), "delta": delta}
 
     def sync_target(self) -> None:
         """Copy the online weights into the target network (DQN3.0: every target_q steps)."""

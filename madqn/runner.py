@@ -164,7 +164,8 @@ class Trainer:
             learner = Learner(network, lr=c.lr, lr_end=c.lr_end, lr_endt=c.lr_endt, learn_start=c.learn_start,
                               discount=c.discount, clip_delta=c.clip_delta, rescale_r=c.rescale_r, r_max=1.0,
                               weight_cost=c.wc, device=self.device, decay=c.rmsprop_decay, eps=c.rmsprop_eps,
-                              use_target=c.target_q > 0)
+                              use_target=c.target_q > 0, optimizer=c.optimizer, adam_eps=c.adam_eps,
+                              double=c.double, precision=c.precision)
             replay = ReplayMemory(c.replay_memory, tuple(obs_space.shape), c.hist_len,
                                   n_streams=len(agents) * c.num_envs, frame_dtype=obs_space.dtype,
                                   n_actions=n_actions, store_action_masks=self.has_masks,
@@ -369,6 +370,7 @@ class Trainer:
                 to(batch.terminals), agent_ids=to(g.stream_agent_ids[batch.streams]),
                 next_action_masks=None if batch.next_action_masks is None else to(batch.next_action_masks),
                 step=step)
+            stats.pop("delta")
             g.updates += 1
             g.stats.append(stats)
 
