@@ -110,3 +110,4 @@ if __name__ == "__main__":
 from madqn import cli_view  # noqa: E402,F401  (madqn plot, madqn video)
 from madqn import bench  # noqa: E402,F401  (registers `madqn bench`)
 from madqn import cli_eval  # noqa: E402,F401  (madqn eval, madqn compare)
+from madqn import export  # noqa: E402,F401  (madqn export)
