@@ -117,7 +117,7 @@ def shared_catch_run(tmp_path_factory):
 
 
 def test_shared_network_learns_its_own_paddle_on_a_shared_screen(shared_catch_run):
-    """Default suite: identical frames for both agents, hist_len 4, one network; ~31 s of CPU (as much as catch_small)."""
+    """Default suite: identical frames for both agents, hist_len 4, one network; ~31 s of CPU, like catch_small."""
     check_learned(shared_catch_run, _shared_catch())
 
 
