@@ -9,8 +9,9 @@ clip_delta), and the optimizer descends on it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -164,22 +165,59 @@ def build_optimizer(params, name: str, *, lr: float, decay: float = 0.95, eps: f
 def bf16_supported(device: torch.device) -> bool:
     """Whether the device runs bfloat16 matmuls natively (CUDA compute capability >= 8.0, or a CPU
     with AVX512-BF16 / AMX), which is what ``precision = "auto"`` asks for."""
+    return _bf16_support(device) is not None
+
+
+def _bf16_support(device: torch.device) -> str | None:
+    """What makes bf16 native on ``device`` (for the run's first line), or None."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        return "this GPU has bf16 tensor cores" if torch.cuda.is_bf16_supported() else None
     if device.type == "cpu":
         try:
-            flags = open("/proc/cpuinfo").read()
+            flags = set(open("/proc/cpuinfo").read().split())
         except OSError:
-            return False
-        return " avx512_bf16" in flags or " amx_bf16" in flags
-    return False
+            return None
+        found = [name for flag, name in (("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16")) if flag in flags]
+        return f"this CPU has {' and '.join(found)}" if found else None
+    return None
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
     """``"fp32"``/``"bf16"`` as given; ``"auto"``: bf16 where the device supports it natively."""
-    if precision == "auto":
-        return "bf16" if bf16_supported(device) else "fp32"
-    return precision
+    return describe_precision(precision, device)[0]
+
+
+def describe_precision(precision: str, device: torch.device) -> tuple[str, str]:
+    """``(resolved precision, why)`` for the run's first line, e.g. ``("bf16", "auto: this CPU has AVX512-BF16")``."""
+    if precision != "auto":
+        return precision, "set"
+    support = _bf16_support(device)
+    if support is not None:
+        return "bf16", f"auto: {support}"
+    return "fp32", f"auto: no native bf16 on {device.type}"
+
+
+@contextlib.contextmanager
+def cuda_fp32_precision(mode: str) -> Iterator[None]:
+    """CUDA only: fp32 matmuls and cuDNN convolutions in ``mode`` ("tf32" or "ieee") inside the block,
+    the process's previous settings restored after it. PyTorch's default runs cuDNN convolutions in
+    TF32, so the fp32 learner asks for "ieee" (true fp32) and the bf16 one for "tf32" (what autocast
+    leaves in fp32). Never entered on CPU."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9
+        saved = matmul.fp32_precision, conv.fp32_precision
+        matmul.fp32_precision = conv.fp32_precision = mode
+        try:
+            yield
+        finally:
+            matmul.fp32_precision, conv.fp32_precision = saved
+    else:
+        saved = matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = mode == "tf32"
+        try:
+            yield
+        finally:
+            matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 class Learner:
@@ -222,6 +260,8 @@ class Learner:
                                          weight_cost=weight_cost, adam_eps=adam_eps)
         self.use_target = use_target  # False: bootstrap from the online network (DQN3.0 with target_q unset)
         self.double = double
+        if precision not in ("fp32", "bf16", "auto"):
+            raise ValueError(f"unknown precision {precision!r}: expected 'fp32', 'bf16' or 'auto'")
         self.precision = resolve_precision(precision, self.device)
         self.lr_start = lr
         self.lr_end = lr_end
@@ -237,9 +277,16 @@ class Learner:
         return agent_ids if self.uses_agent_ids else None
 
     def _autocast(self):
-        """bf16 autocast for the forwards (and so the backward) when precision is bf16; weights, the
-        targets/delta, gradients and optimizer state stay fp32."""
+        """bf16 autocast for the forwards (the backward follows their dtypes) when precision is bf16;
+        weights, the targets/delta, gradients and optimizer state stay fp32."""
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
+    def _device_precision(self):
+        """On CUDA, the whole update (forwards and backward) runs with TF32 for bf16 and IEEE fp32 for
+        fp32 (:func:`cuda_fp32_precision`); on CPU nothing changes."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return cuda_fp32_precision("tf32" if self.precision == "bf16" else "ieee")
 
     def update(
         self,
@@ -261,6 +308,12 @@ class Learner:
         Returns 0-dim detached tensors (no host sync): mean |clipped delta|, mean Q(s, a) and
         mean max_a Q_target(s2, a), plus ``delta`` (B,), the clipped TD errors.
         """
+        with self._device_precision():
+            return self._update(states, actions, rewards, next_states, terminals, agent_ids, next_action_masks,
+                                step, discounts, weights)
+
+    def _update(self, states, actions, rewards, next_states, terminals, agent_ids, next_action_masks, step,
+                discounts, weights) -> dict[str, Tensor]:
         ids = self._ids(agent_ids)
         with self._autocast():
             with torch.no_grad():
@@ -283,6 +336,8 @@ class Learner:
         if weights is not None:
             targets = targets * weights.to(targets.dtype).view(-1, 1)
         self.optimizer.zero_grad(set_to_none=True)
+        # DQN3.0's injected output gradient, in the output's dtype: under bf16 the same -targets rounded
+        # to bf16 (what autocast's cast back to fp32 would also do); .grad lands in fp32 on the fp32 weights.
         q_all.backward((-targets).to(q_all.dtype))
         lr = lr_at(step, learn_start=self.learn_start, lr_start=self.lr_start, lr_end=self.lr_end, lr_endt=self.lr_endt)
         for group in self.optimizer.param_groups:

@@ -20,6 +20,17 @@ def _conv_out(size: int, kernel: int, stride: int) -> int:
     return (size - kernel) // stride + 1
 
 
+def compute_dtype(weight: Tensor) -> torch.dtype:
+    """The dtype the layers compute in: autocast's (bf16, ``precision = "bf16"``) inside an autocast
+    region on the weight's device, else the weight's own."""
+    device = weight.device.type
+    if not hasattr(torch, "get_autocast_dtype"):  # torch < 2.4
+        on = torch.is_autocast_cpu_enabled() if device == "cpu" else torch.is_autocast_enabled()
+        return (torch.get_autocast_cpu_dtype() if device == "cpu" else torch.get_autocast_gpu_dtype()) if on \
+            else weight.dtype
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+
+
 def _check_agent_ids(agent_ids: Tensor | None, n_agents: int, batch: int) -> None:
     if n_agents > 0:
         if agent_ids is None:
@@ -66,15 +77,17 @@ class DQN3ConvNet(nn.Module):
             raise ValueError(f"frames must have shape (B, {', '.join(map(str, expected))}), got {tuple(frames.shape)}")
         _check_agent_ids(agent_ids, self.n_agents, batch)
         w = self.conv1.weight
-        if frames.dtype == torch.uint8 and w.dtype == torch.get_default_dtype():
+        dtype = compute_dtype(w)
+        if frames.dtype == torch.uint8 and dtype == torch.get_default_dtype():
             x = frames / 255.0  # one pass: uint8 in, float out (the same values as .float() / 255)
-        else:
-            x = frames.to(w.dtype) / 255.0
+        else:  # under bf16 autocast: straight to bf16, the same values autocast's cast of x / 255 gives
+            x = frames.to(dtype) / 255.0
         if self.n_agents > 0:
             # (32, n_agents): what a constant 1-plane in agent channel k adds to each output unit.
             plane_sum_CA = w[:, self.hist_len:].sum(dim=(2, 3))
             bias_BC = self.conv1.bias + plane_sum_CA.t()[agent_ids.long()]
-            h = F.conv2d(x, w[:, : self.hist_len], None, stride=4) + bias_BC[:, :, None, None]
+            h = F.conv2d(x, w[:, : self.hist_len], None, stride=4)
+            h = h + bias_BC.to(h.dtype)[:, :, None, None]  # in the conv's dtype (bf16 + fp32 would give fp32)
         else:
             h = F.conv2d(x, w, self.conv1.bias, stride=4)
         h = F.relu(h)
