@@ -32,7 +32,8 @@ from madqn.guard import NumericsGuard
 from madqn.evaluation import EvalResult, evaluate
 from madqn.metrics import MetricsHook
 from madqn.progress import ProgressHook
-from madqn.runner import Hook, Trainer, default_run_dir
+from madqn.learner import describe_precision
+from madqn.runner import Hook, Trainer, default_run_dir, resolve_device
 from madqn.tensorboard import TensorBoardHook
 from madqn.video import VideoHook
 
@@ -253,6 +254,10 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
         run_dir_path = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
         check_run_dir(run_dir_path, force)  # refuse before building envs and networks
 
+    device = resolve_device(cfg.device)
+    precision, precision_why = describe_precision(cfg.precision, device)
+    cfg = cfg.replace(precision=precision)  # config.toml and the checkpoints record what ran, not "auto"
+
     guard = NumericsGuard()
     metrics = MetricsHook(run_dir_path)
     checkpoints = CheckpointHook(run_dir_path, guard)
@@ -262,6 +267,7 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
     if cfg.backend == "ray":  # actors on Ray, this process learns (madqn.distributed)
         from madqn.distributed import DistributedTrainer as trainer_class
     trainer = trainer_class(cfg, env, hooks=[guard, metrics, checkpoints, EvalHook(run_dir_path), *watch, *hooks])
+    print(first_line(cfg, device, precision_why), flush=True)
     try:
         if state is not None:
             _restore(trainer, state, ckpt_path, run_dir_path)
@@ -290,6 +296,13 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
         stopped_by=stop.received if trainer.step < cfg.steps else None,
         resumed_from=resumed_from,
         eval_scores=evaluation.mean_scores() if evaluation is not None else {}, evaluation=evaluation)
+
+
+def first_line(cfg: Config, device: Any, precision_why: str) -> str:
+    """What the run is about to do, printed before anything else: the env, sharing, length, device
+    and the learner's arithmetic (with what ``precision = "auto"`` chose and why)."""
+    return (f"madqn train: {cfg.env}, sharing {cfg.sharing}, seed {cfg.seed}, {cfg.steps:,} agent steps, "
+            f"device {device}, precision {cfg.precision} ({precision_why})")
 
 
 class _NoSignals:

@@ -1,19 +1,27 @@
 """``madqn bench``: every speed figure next to the limit it is measured against, in the same run.
 
-Each row times a madqn component and its limit side by side, interleaved (limit, component,
-component, limit, ...) and repeated, and reports medians, so a busy machine slows both alike:
+Every timed figure is a *probe* (a function returning a rate). All probes of a bench run, the
+components and the end-to-end training runs alike, are timed in ONE measurement window: round after
+round, each probe once per round, the order reversed every other round; the table reports medians.
+A busy machine therefore slows a figure and its limit alike. When the repeats of a figure disagree
+by more than ``NOISY_SPREAD`` (or the end-to-end runs beat the bound the components allow), the
+machine was too noisy: those rows show "noisy" instead of a ratio and a pass/MISS.
 
 - env: ``AtariEnv.step`` decisions/s vs the bare emulator (ALE's C ``actMulti``, ``action_repeat``
   frames per decision, no screen read);
+- peak: a large fp32 and a large bf16 matmul, the arithmetic the core can do at best;
 - learner: ``Trainer.learn`` (replay sampling, uint8 tensors, DQN3.0 targets, gradient injection,
-  DQN3RMSprop, bookkeeping) vs a bare PyTorch update of the same network, batch and threads
-  (float input ready, target forward, Huber loss, backward, ``torch.optim.RMSprop``);
+  DQN3RMSprop, bookkeeping) in fp32 and bf16 vs a bare PyTorch fp32 update of the same network, batch
+  and threads (float input ready, target forward, Huber loss, backward, ``torch.optim.RMSprop``), and
+  its achieved GFLOP/s as a fraction of the peak; the bare update also in bf16 and channels_last;
 - replay: allocated bytes per transition per agent vs one 84x84 frame, and minibatch sampling time;
-- acting: time to choose the actions of all agents of one env step, independent vs shared;
+- acting: time to choose the actions of all agents of one env step, independent vs shared, and
+  shared under bf16 autocast;
 - end-to-end: agent steps/s of a pong_v3 training run (learning on, epsilon 0.1) vs the bound
-  computed from the rows above.
+  computed from the rows above, fp32 and bf16.
 
-The rows run on CPU and, when CUDA is present, the learner and end-to-end rows again on CUDA.
+The rows run on CPU and, when CUDA is present, the learner and end-to-end rows again on CUDA. A new
+figure is a :class:`Section`: its probes join the window, its ``rows`` turn the medians into rows.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import copy
 import platform
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -31,6 +39,8 @@ import numpy as np
 from madqn.cli import command
 
 CLEANRL_STEPS_PER_S = 84.0  # CleanRL dqn_atari on Pong, 2-core CPU (issue 5), the peer to beat by 1.3x
+NOISY_SPREAD = 0.3  # (max - min) / median of a probe's repeats above which its comparisons are not reported
+BOUND_SLACK = 1.15  # an end-to-end run faster than this x the bound contradicts the component rows
 
 
 @dataclass
@@ -42,10 +52,16 @@ class Row:
     target: str = ""  # e.g. ">= 0.8" on value/limit, or "<= 7200" on value
     passed: bool | None = None
     note: str = ""
+    spread: float | None = None  # largest repeat spread of the probes behind value and limit
+    inconsistent: bool = False  # contradicts other rows of the same window (end-to-end above its bound)
 
     @property
     def ratio(self) -> float | None:
         return None if not self.limit else self.value / self.limit
+
+    @property
+    def noisy(self) -> bool:
+        return self.inconsistent or (self.spread is not None and self.spread > NOISY_SPREAD)
 
 
 def _fmt(x: float | None) -> str:
@@ -54,12 +70,31 @@ def _fmt(x: float | None) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
+def verdict(rows: list[Row]) -> str:
+    """One line over the table: were the repeats steady enough for the ratios to mean anything?"""
+    timed = [r for r in rows if r.spread is not None]
+    noisy = [r for r in timed if r.noisy]
+    if not noisy:
+        worst = max((r.spread for r in timed), default=0.0)
+        return (f"Repeats agreed: every timed figure within {100 * worst:.0f}% between rounds "
+                f"(threshold {100 * NOISY_SPREAD:.0f}%), so the ratios are comparable.")
+    contradictions = sum(r.inconsistent for r in noisy)
+    extra = f"; {contradictions} end-to-end run(s) beat the bound of the component rows" if contradictions else ""
+    return (f"The machine was too noisy for {len(noisy)} of {len(timed)} timed rows: their repeats differed by more "
+            f"than {100 * NOISY_SPREAD:.0f}%{extra}. Those rows say 'noisy' instead of a ratio; rerun on a quieter "
+            "machine.")
+
+
 def format_table(rows: list[Row]) -> str:
     header = ["row", "measured", "unit", "limit (same run)", "ratio", "target", "result", "note"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [verdict(rows), "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        result = "" if r.passed is None else ("pass" if r.passed else "MISS")
-        ratio = "" if r.ratio is None else f"{r.ratio:.2f}"
+        if r.noisy:
+            ratio = ""
+            result = "noisy" + (" (above bound)" if r.inconsistent else f" ({100 * r.spread:.0f}%)")
+        else:
+            ratio = "" if r.ratio is None else f"{r.ratio:.2f}"
+            result = "" if r.passed is None else ("pass" if r.passed else "MISS")
         lines.append("| " + " | ".join([r.name, _fmt(r.value), r.unit, _fmt(r.limit), ratio, r.target, result,
                                         r.note]) + " |")
     return "\n".join(lines)
@@ -91,14 +126,28 @@ def machine_description(device: str) -> str:
 
 # ---- measuring ------------------------------------------------------------------------------------
 
-def interleaved(fns: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
-    """Median of each rate function over ``repeats`` rounds, the order reversed every other round."""
+@dataclass
+class Timings:
+    """Each probe's rate in every round of one measurement window."""
+
+    rates: dict[str, list[float]]
+
+    def median(self, key: str) -> float:
+        return statistics.median(self.rates[key])
+
+    def spread(self, *keys: str) -> float:
+        """The largest (max - min) / median among ``keys``: how much the repeats disagreed."""
+        return max((max(v) - min(v)) / statistics.median(v) for v in (self.rates[k] for k in keys))
+
+
+def interleaved(fns: dict[str, Callable[[], float]], repeats: int) -> Timings:
+    """Every rate function once per round, ``repeats`` rounds, the order reversed every other round."""
     results: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
     for r in range(repeats):
         for k in (names if r % 2 == 0 else names[::-1]):
             results[k].append(fns[k]())
-    return {k: statistics.median(v) for k, v in results.items()}
+    return Timings(results)
 
 
 def rate(fn: Callable[[], None], n: int, sync: Callable[[], None] = lambda: None) -> float:
@@ -111,9 +160,31 @@ def rate(fn: Callable[[], None], n: int, sync: Callable[[], None] = lambda: None
     return n / (time.perf_counter() - start)
 
 
+def compared(t: Timings, name: str, value: str, limit: str, unit: str, *, target: str = "",
+             check: Callable[[float, float], bool] | None = None, note: str = "", per: float = 1.0,
+             inverse: bool = False) -> Row:
+    """A row of probe ``value`` next to probe ``limit`` (medians x ``per``; ``inverse``: 1000 / rate, in ms)."""
+    conv = (lambda x: 1e3 / x) if inverse else (lambda x: x * per)
+    v, lim = conv(t.median(value)), conv(t.median(limit))
+    return Row(name, v, unit, lim, target, None if check is None else check(v, lim), note, t.spread(value, limit))
+
+
+@dataclass
+class Section:
+    """Probes timed in the shared window, and the rows made from their medians once the window is over."""
+
+    probes: dict[str, Callable[[], float]]
+    rows: Callable[[Timings], list[Row]]
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for c in self.closers:
+            c()
+
+
 # ---- env --------------------------------------------------------------------------------------------
 
-def bench_env(game: str, repeats: int, n: int) -> tuple[list[Row], float]:
+def env_section(game: str, n: int) -> Section:
     from madqn.atari import AtariEnv
 
     env = AtariEnv(game, seed=0, max_cycles=10**9)
@@ -135,12 +206,12 @@ def bench_env(game: str, repeats: int, n: int) -> tuple[list[Row], float]:
             env.reset()
         env.step({a: int(rng.integers(n_actions)) for a in env.agents})
 
-    rates = interleaved({"raw": lambda: rate(raw, n), "pipeline": lambda: rate(pipeline, n)}, repeats)
-    env.close()
-    rows = [Row("env: AtariEnv (DQN3.0 preprocessing once per step)", rates["pipeline"], "decisions/s",
-                rates["raw"], ">= 0.8 x limit", rates["pipeline"] >= 0.8 * rates["raw"],
-                f"limit: bare emulator, {env.action_repeat} frames/decision, no screen read")]
-    return rows, rates["pipeline"]
+    def rows(t: Timings) -> list[Row]:
+        return [compared(t, "env: AtariEnv (DQN3.0 preprocessing once per step)", "env/pipeline", "env/raw",
+                         "decisions/s", target=">= 0.8 x limit", check=lambda v, lim: v >= 0.8 * lim,
+                         note=f"limit: bare emulator, {env.action_repeat} frames/decision, no screen read")]
+
+    return Section({"env/raw": lambda: rate(raw, n), "env/pipeline": lambda: rate(pipeline, n)}, rows, [env.close])
 
 
 def bench_pettingzoo_raw(game: str, n: int) -> Row:
@@ -166,41 +237,80 @@ def bench_pettingzoo_raw(game: str, n: int) -> Row:
                note="no preprocessing; what SuperSuit chains start from")
 
 
+# ---- peak arithmetic --------------------------------------------------------------------------------
+
+def peak_section(device: str, size: int, n: int) -> Section:
+    """FLOP/s of a ``size`` x ``size`` x ``size`` matmul in fp32 and in bf16: what the core can do at best."""
+    import torch
+
+    sync = _sync(device)
+    g = torch.Generator().manual_seed(0)
+    a32, b32 = (torch.rand(size, size, generator=g).to(device) for _ in range(2))
+    a16, b16 = a32.bfloat16(), b32.bfloat16()
+    flop = 2.0 * size**3
+
+    def probe(a, b) -> Callable[[], float]:
+        return lambda: flop * rate(lambda: torch.mm(a, b), n, sync)
+
+    def rows(t: Timings) -> list[Row]:
+        return [compared(t, f"peak [{device}]: bf16 matmul {size}^3", f"peak[{device}]/bf16", f"peak[{device}]/fp32",
+                         "GFLOP/s", per=1e-9, note="limit: the same matmul in fp32")]
+
+    return Section({f"peak[{device}]/fp32": probe(a32, b32), f"peak[{device}]/bf16": probe(a16, b16)}, rows)
+
+
+def peak_gflops(t: Timings, device: str, precision: str) -> float:
+    return t.median(f"peak[{device}]/{precision}") * 1e-9
+
+
 # ---- learner and replay ---------------------------------------------------------------------------
 
-def _filled_trainer(sharing: str, device: str, n_fill: int = 2_000):
+def _sync(device: str) -> Callable[[], None]:
+    import torch
+
+    return (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
+
+
+def _filled_trainer(sharing: str, device: str, precision: str = "fp32", n_fill: int = 2_000):
     """A Trainer on pong_v3 whose replay holds ``n_fill`` real steps (random play)."""
     from madqn.config import make_config
     from madqn.runner import Trainer
 
     cfg = make_config(None, {"env": "pong_v3", "sharing": sharing, "device": device, "replay_memory": 10_000,
-                             "learn_start": 10**9, "steps": 10**9, "vector_env": "inline", "seed": 0})
+                             "learn_start": 10**9, "steps": 10**9, "vector_env": "inline", "seed": 0,
+                             "precision": precision, "num_threads": _threads()})
     trainer = Trainer(cfg)
     while trainer.step < n_fill:
         trainer.env_step()
     return trainer
 
 
-def bare_update(network, device, batch: int = 32):
-    """The limit: a textbook PyTorch DQN update of ``network`` (float input already on the device)."""
+def bare_update(network, device, batch: int = 32, precision: str = "fp32", channels_last: bool = False):
+    """The limit: a textbook PyTorch DQN update of ``network`` (float input already on the device);
+    ``precision = "bf16"``: its forwards under bf16 autocast; ``channels_last``: weights and input NHWC."""
     import torch
     import torch.nn.functional as F
 
     online = copy.deepcopy(network).to(device)
     target = copy.deepcopy(network).to(device)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    online.to(memory_format=fmt)
+    target.to(memory_format=fmt)
     opt = torch.optim.RMSprop(online.parameters(), lr=2.5e-4, alpha=0.95, eps=0.01, centered=True)
     g = torch.Generator().manual_seed(0)
     shape = (batch, online.hist_len, online.frame_size, online.frame_size)
-    s = (torch.rand(shape, generator=g) * 255).to(device)
-    s2 = (torch.rand(shape, generator=g) * 255).to(device)
+    s = (torch.rand(shape, generator=g) * 255).to(device).contiguous(memory_format=fmt)
+    s2 = (torch.rand(shape, generator=g) * 255).to(device).contiguous(memory_format=fmt)
     a = torch.randint(0, online.n_actions, (batch,), generator=g).to(device)
     r = torch.rand(batch, generator=g).to(device)
     term = torch.zeros(batch, device=device)
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
     def update() -> None:
-        with torch.no_grad():
-            y = r + 0.99 * (1 - term) * target(s2).max(1).values
-        q = online(s).gather(1, a[:, None]).squeeze(1)
+        with autocast:
+            with torch.no_grad():
+                y = r + 0.99 * (1 - term) * target(s2).max(1).values.float()
+            q = online(s).gather(1, a[:, None]).squeeze(1).float()
         loss = F.smooth_l1_loss(q, y, reduction="sum")
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -209,25 +319,87 @@ def bare_update(network, device, batch: int = 32):
     return update
 
 
-def bench_learner(device: str, repeats: int, n: int) -> tuple[list[Row], float]:
+def update_flops(learner, batch: int = 32) -> float:
+    """FLOPs of one ``Learner.update`` on a batch of ``batch``, counted by PyTorch from the layer shapes
+    (every matmul and convolution of the target forward, the online forward and the backward)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    net = learner.online_network
+    learner = copy.deepcopy(learner)  # the update below must not move the benchmarked weights
+    shape = (batch, net.hist_len, net.frame_size, net.frame_size)
+    frames = torch.zeros(shape, dtype=torch.uint8, device=learner.device)
+    zeros = torch.zeros(batch, device=learner.device)
+    ids = torch.zeros(batch, dtype=torch.long, device=learner.device)
+    with FlopCounterMode(display=False) as counter:
+        learner.update(frames, ids, zeros, frames, zeros, agent_ids=ids)
+    return float(counter.get_total_flops())
+
+
+def learner_section(device: str, n: int) -> Section:
+    """Trainer.learn in fp32 and bf16, and the bare PyTorch update in fp32 / bf16 / channels_last, one learner."""
+    sync = _sync(device)
+    trainers = {p: _filled_trainer("independent", device, p) for p in ("fp32", "bf16")}
+    for t in trainers.values():
+        t.groups = t.groups[:1]  # time one learner's round
+    network = trainers["fp32"].groups[0].learner.online_network
+    flops = update_flops(trainers["fp32"].groups[0].learner)
+    key = f"learner[{device}]"
+    probes = {}
+    for precision in ("fp32", "bf16"):
+        for cl in (False, True):
+            bare = bare_update(network, device, precision=precision, channels_last=cl)
+            probes[f"{key}/bare-{precision}{'-cl' if cl else ''}"] = lambda bare=bare: rate(bare, n, sync)
+        probes[f"{key}/madqn-{precision}"] = lambda t=trainers[precision]: rate(t.learn, n, sync)
+    replay = trainers["fp32"].groups[0].replay
+    sample_ms = 1e3 / rate(lambda: replay.sample(32), 200) if device == "cpu" else None
+    threads = _threads()
+
+    def rows(t: Timings) -> list[Row]:
+        return learner_rows(t, device, flops, threads, sample_ms)
+
+    return Section(probes, rows, [t.close for t in trainers.values()])
+
+
+def learner_rows(t: Timings, device: str, flops: float, threads: int, sample_ms: float | None = None) -> list[Row]:
+    """Trainer.learn per precision against the bare fp32 update, the achieved GFLOP/s against the matmul
+    peak of the same precision (``flops`` per update), and the bare update in bf16 and channels_last."""
+    key = f"learner[{device}]"
+    out = [compared(t, f"learner [{device}]: Trainer.learn fp32 (sample, convert, DQN3.0 update)",
+                    f"{key}/madqn-fp32", f"{key}/bare-fp32", "updates/s", target=">= 0.95 x limit",
+                    check=lambda v, lim: v >= 0.95 * lim,
+                    note=f"limit: bare PyTorch fp32 update, same net, batch 32, {threads} threads"),
+           compared(t, f"learner [{device}]: Trainer.learn bf16 (precision = \"bf16\")",
+                    f"{key}/madqn-bf16", f"{key}/bare-fp32", "updates/s",
+                    note="limit: the same bare PyTorch fp32 update")]
+    for precision in ("fp32", "bf16"):
+        achieved = t.median(f"{key}/madqn-{precision}") * flops * 1e-9
+        out.append(Row(f"learner [{device}]: achieved arithmetic, {precision}", achieved, "GFLOP/s",
+                       peak_gflops(t, device, precision), ">= 0.5 x limit" if precision == "bf16" else "",
+                       achieved >= 0.5 * peak_gflops(t, device, precision) if precision == "bf16" else None,
+                       f"{flops / 1e9:.2f} GFLOP per update x updates/s; limit: the {precision} matmul peak",
+                       t.spread(f"{key}/madqn-{precision}", f"peak[{device}]/{precision}")))
+    out += [compared(t, f"learner [{device}]: bare update, bf16 autocast", f"{key}/bare-bf16", f"{key}/bare-fp32",
+                     "updates/s", note="limit: the bare fp32 update"),
+            compared(t, f"learner [{device}]: bare update, fp32 channels_last", f"{key}/bare-fp32-cl",
+                     f"{key}/bare-fp32", "updates/s", note="limit: the bare fp32 update (NCHW)"),
+            compared(t, f"learner [{device}]: bare update, bf16 channels_last", f"{key}/bare-bf16-cl",
+                     f"{key}/bare-bf16", "updates/s", note="limit: the bare bf16 update (NCHW)")]
+    if sample_ms is not None:
+        share = 100 * sample_ms * t.median(f"{key}/madqn-fp32") / 1e3
+        out.append(Row("replay: sample(32) (one gather of 32x5 frames)", sample_ms, "ms",
+                       note=f"{share:.1f}% of an fp32 update"))
+    return out
+
+
+def learner_rate(t: Timings, device: str, precision: str) -> float:
+    return t.median(f"learner[{device}]/madqn-{precision}")
+
+
+def _threads() -> int:
     import torch
 
-    trainer = _filled_trainer("independent", device)
-    group = trainer.groups[0]
-    trainer.groups = [group]  # time one learner's round
-    sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
-    bare = bare_update(group.learner.online_network, device)
-    rates = interleaved({"bare": lambda: rate(bare, n, sync), "madqn": lambda: rate(trainer.learn, n, sync)},
-                        repeats)
-    sample = 1e3 / rate(lambda: group.replay.sample(32), 200)
-    trainer.close()
-    rows = [Row(f"learner [{device}]: Trainer.learn (sample, convert, DQN3.0 update)", rates["madqn"], "updates/s",
-                rates["bare"], ">= 0.95 x limit", rates["madqn"] >= 0.95 * rates["bare"],
-                f"limit: bare PyTorch update, same net, batch 32, {torch.get_num_threads()} threads")]
-    if device == "cpu":
-        rows.append(Row("replay: sample(32) (one gather of 32x5 frames)", sample, "ms",
-                        note=f"{100 * sample * rates['madqn'] / 1e3:.1f}% of an update"))
-    return rows, rates["madqn"]
+    return torch.get_num_threads()
 
 
 def bench_replay_bytes() -> Row:
@@ -241,49 +413,91 @@ def bench_replay_bytes() -> Row:
 
 # ---- acting ---------------------------------------------------------------------------------------
 
-def bench_acting(repeats: int, n: int, num_envs: int) -> Row:
+def acting_section(n: int, num_envs: int) -> Section:
+    """ms per env step to choose every agent's action: independent vs shared nets, and shared under bf16."""
+    import torch
+
     from madqn.config import make_config
     from madqn.runner import Trainer
 
     trainers = {}
     for sharing in ("shared", "independent"):
         cfg = make_config(None, {"env": "pong_v3", "sharing": sharing, "device": "cpu", "replay_memory": 100,
-                                 "num_envs": num_envs, "vector_env": "inline", "seed": 0})
+                                 "num_envs": num_envs, "vector_env": "inline", "seed": 0,
+                                 "num_threads": _threads()})
         trainers[sharing] = Trainer(cfg)
     rng = np.random.default_rng(0)
     for t in trainers.values():
         for slot in t.slots.values():
             slot.history.frames[:] = rng.integers(0, 256, slot.history.frames.shape, dtype=np.uint8)
     slots = {k: list(t.slots.values()) for k, t in trainers.items()}
-    rates = interleaved({k: (lambda k=k: rate(lambda: trainers[k].act(slots[k], 0.0), n)) for k in trainers},
-                        repeats)
-    for t in trainers.values():
-        t.close()
-    ms = {k: 1e3 / v for k, v in rates.items()}
+
+    def act(sharing: str, bf16: bool = False) -> Callable[[], float]:
+        def one() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                trainers[sharing].act(slots[sharing], 0.0)
+        return lambda: rate(one, n)
+
     n_agents = len(slots["shared"]) // num_envs
-    return Row(f"acting: independent nets, {n_agents * num_envs} agents (vmap over stacked params)",
-               ms["independent"], "ms/step", ms["shared"], "<= 1.3 x limit", ms["independent"] <= 1.3 * ms["shared"],
-               f"limit: shared net, same agents, one forward ({num_envs} env copies)")
+    agents = n_agents * num_envs
+
+    def rows(t: Timings) -> list[Row]:
+        return [compared(t, f"acting: independent nets, {agents} agents (vmap over stacked params)",
+                         "acting/independent", "acting/shared", "ms/step", target="<= 1.3 x limit",
+                         check=lambda v, lim: v <= 1.3 * lim, inverse=True,
+                         note=f"limit: shared net, same agents, one forward ({num_envs} env copies)"),
+                compared(t, f"acting: shared net under bf16 autocast, {agents} agents", "acting/shared-bf16",
+                         "acting/shared", "ms/step", inverse=True, note="limit: the same in fp32")]
+
+    probes = {"acting/shared": act("shared"), "acting/independent": act("independent"),
+              "acting/shared-bf16": act("shared", bf16=True)}
+    return Section(probes, rows, [t.close for t in trainers.values()])
+
+
+def acting_ms(t: Timings, sharing: str) -> float:
+    return 1e3 / t.median(f"acting/{sharing}")
 
 
 # ---- end to end -----------------------------------------------------------------------------------
 
-def e2e_trainer(sharing: str, device: str, overlap: bool, num_envs: int):
+E2E_VARIANTS = (("fp32", False), ("fp32", True), ("bf16", False))  # (precision, overlap)
+
+
+def e2e_trainer(sharing: str, device: str, overlap: bool, num_envs: int, precision: str = "fp32"):
     from madqn.config import make_config
     from madqn.runner import Trainer
 
     cfg = make_config(None, {"env": "pong_v3", "sharing": sharing, "device": device, "overlap": overlap,
                              "num_envs": num_envs, "replay_memory": 20_000, "learn_start": 400,
-                             "ep_start": 0.1, "ep_end": 0.1, "target_q": 10_000, "steps": 10**9, "seed": 0})
+                             "ep_start": 0.1, "ep_end": 0.1, "target_q": 10_000, "steps": 10**9, "seed": 0,
+                             "precision": precision, "num_threads": _threads()})
     trainer = Trainer(cfg)
     while trainer.step <= cfg.learn_start + 8:
         trainer.env_step()
     return trainer
 
 
-def bench_e2e(device: str, repeats: int, n: int, num_envs: int, bounds: dict[str, float]) -> list[Row]:
-    trainers = {(sharing, overlap): e2e_trainer(sharing, device, overlap, num_envs)
-                for sharing in ("shared", "independent") for overlap in (False, True)}
+def bounds(env_rate: float, act_ms: dict[str, float], updates: float, num_envs: int,
+           n_agents: int = 2, update_freq: int = 4) -> dict[str, tuple[float, float, float]]:
+    """Agent steps/s each sharing mode could reach: ``(bound, learner bound, env+acting bound)``.
+
+    Agent steps count the decisions of all agents (``n_agents`` per counter step). The learner bound:
+    every learner does 1 update per ``update_freq`` counter steps, so the shared learner allows
+    updates/s x update_freq x n_agents agent steps/s and each of the n_agents independent learners
+    (run one after another) 1/n_agents of that. Env+acting: n_agents decisions per env step, one env
+    step and 1/num_envs of a batched action choice at a time.
+    """
+    out = {}
+    for sharing, ms in act_ms.items():
+        env_acting = n_agents / (1 / env_rate + ms / 1e3 / num_envs)
+        learner = updates * update_freq * n_agents / (1 if sharing == "shared" else n_agents)
+        out[sharing] = (min(env_acting, learner), learner, env_acting)
+    return out
+
+
+def e2e_section(device: str, n: int, num_envs: int) -> Section:
+    trainers = {(sharing, precision, overlap): e2e_trainer(sharing, device, overlap, num_envs, precision)
+                for sharing in ("shared", "independent") for precision, overlap in E2E_VARIANTS}
 
     def measure(key) -> float:
         t = trainers[key]
@@ -294,18 +508,54 @@ def bench_e2e(device: str, repeats: int, n: int, num_envs: int, bounds: dict[str
             t.background.drain()
         return (t.step - start_step) * len(t.agents) / (time.perf_counter() - start)
 
-    rates = interleaved({k: (lambda k=k: measure(k)) for k in trainers}, repeats)
-    for t in trainers.values():
-        t.close()
+    probes = {e2e_key(device, *k): (lambda k=k: measure(k)) for k in trainers}
+
+    def rows(t: Timings) -> list[Row]:
+        return e2e_rows(t, device, num_envs)
+
+    return Section(probes, rows, [t.close for t in trainers.values()])
+
+
+def e2e_key(device: str, sharing: str, precision: str, overlap: bool) -> str:
+    return f"e2e[{device}]/{sharing}/{precision}/{'overlap' if overlap else 'serial'}"
+
+
+def e2e_rows(t: Timings, device: str, num_envs: int) -> list[Row]:
+    """The bound rows (from the env, acting and learner medians) and the end-to-end rows against them;
+    a run above ``BOUND_SLACK`` x its bound contradicts the component rows and is marked noisy."""
+    env_rate = t.median("env/pipeline")
+    act = {k: acting_ms(t, k) for k in ("shared", "independent")}
+    component_probes = ("env/pipeline", "acting/shared", "acting/independent")
     rows = []
-    for (sharing, overlap), value in rates.items():
-        bound = bounds[sharing]
-        rows.append(Row(f"end-to-end [{device}]: {sharing}, {'overlap' if overlap else 'serial'}, "
-                        f"{num_envs} env{'s' if num_envs > 1 else ''}", value, "agent steps/s", bound,
-                        ">= 0.9 x bound and >= 110", value >= 0.9 * bound and value >= 1.3 * CLEANRL_STEPS_PER_S,
-                        "bound: min(learner, env+acting) rows; CleanRL: 84"))
+    for precision in ("fp32", "bf16"):
+        b = bounds(env_rate, act, learner_rate(t, device, precision), num_envs)
+        spread = t.spread(*component_probes, f"learner[{device}]/madqn-{precision}")
+        for sharing in ("shared", "independent"):
+            bound, learner, env_acting = b[sharing]
+            rows.append(Row(f"bound [{device}]: {sharing}, {precision}", bound, "agent steps/s",
+                            note=f"learner {learner:,.0f}, env+acting {env_acting:,.0f}", spread=spread))
+        for sharing in ("shared", "independent"):
+            bound = b[sharing][0]
+            for p, overlap in E2E_VARIANTS:
+                if p != precision:
+                    continue
+                key = e2e_key(device, sharing, precision, overlap)
+                value = t.median(key)
+                row = Row(f"end-to-end [{device}]: {sharing}, {precision}, {'overlap' if overlap else 'serial'}, "
+                          f"{num_envs} env{'s' if num_envs > 1 else ''}", value, "agent steps/s", bound,
+                          ">= 0.9 x bound and >= 110", value >= 0.9 * bound and value >= 1.3 * CLEANRL_STEPS_PER_S,
+                          "bound: min(learner, env+acting) rows; CleanRL: 84", max(spread, t.spread(key)),
+                          inconsistent=value > BOUND_SLACK * bound)
+                rows.append(row)
+    for sharing in ("shared", "independent"):
+        keys = [e2e_key(device, sharing, p, False) for p in ("bf16", "fp32")]
+        rows.append(compared(t, f"end-to-end [{device}]: {sharing}, bf16 vs fp32 (serial)", *keys, "agent steps/s",
+                             target=">= 1.5 x limit", check=lambda v, lim: v >= 1.5 * lim,
+                             note="limit: the fp32 serial run of the same window"))
     return rows
 
+
+# ---- distributed ----------------------------------------------------------------------------------
 
 class _RateProbe:
     """Hook: agent steps/s and learner updates/s between the first step past ``warmup`` and the end."""
@@ -373,36 +623,27 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
     def say(msg: str) -> None:
         print(f"[bench] {msg}", flush=True)
 
-    rows: list[Row] = []
     if args.only_distributed:
         say("distributed: ray backend with 1, 2 actors vs the local backend")
         return bench_distributed(devices[-1], 400 if quick else 1500)
-    say("env pipeline vs bare emulator")
-    env_rows, env_rate = bench_env("pong_v3", repeats, 300 if quick else 1000)
-    rows += env_rows
+    say("setting up: env, acting, peak matmuls, learners, end-to-end trainers")
+    sections = [env_section("pong_v3", 300 if quick else 1000), acting_section(100 if quick else 300, args.num_envs)]
+    for device in devices:
+        sections += [peak_section(device, 1024 if device == "cpu" else 8192, 4 if quick else 10),
+                     learner_section(device, 8 if quick else 20),
+                     e2e_section(device, 160 if quick else 400, args.num_envs)]
+    probes = {k: fn for s in sections for k, fn in s.probes.items()}
+    say(f"one measurement window: {len(probes)} probes, {repeats} interleaved rounds")
+    try:
+        timings = interleaved(probes, repeats)
+    finally:
+        for s in sections:
+            s.close()
+    rows = [*sections[0].rows(timings), bench_replay_bytes()]
     if not quick:
         rows.append(bench_pettingzoo_raw("pong_v3", 300))
-    rows.append(bench_replay_bytes())
-    say("acting: independent vs shared")
-    rows.append(bench_acting(repeats, 100 if quick else 300, args.num_envs))
-    act_ms_shared = rows[-1].limit
-    act_ms_indep = rows[-1].value
-    for device in devices:
-        say(f"learner vs bare PyTorch update [{device}]")
-        learner_rows, updates = bench_learner(device, repeats, 8 if quick else 20)
-        rows += learner_rows
-        # bounds in agent steps/s (decisions of all agents; 2 agents in pong, 1 counter step = 2 decisions):
-        # learner: each learner does 1 update per update_freq (4) counter steps
-        n_agents = 2
-        act_ms = {"shared": act_ms_shared, "independent": act_ms_indep}
-        env_bound = {k: n_agents / (1 / env_rate + act_ms[k] / 1e3 / args.num_envs) for k in act_ms}
-        learner_bound = {"shared": updates * 4 * n_agents, "independent": updates * 4 * n_agents / 2}
-        bounds = {k: min(env_bound[k], learner_bound[k]) for k in act_ms}
-        for k in ("shared", "independent"):
-            rows.append(Row(f"bound [{device}]: {k}", bounds[k], "agent steps/s", note=(
-                f"learner {learner_bound[k]:,.0f}, env+acting {env_bound[k]:,.0f}")))
-        say(f"end-to-end training runs [{device}]")
-        rows += bench_e2e(device, repeats, 160 if quick else 400, args.num_envs, bounds)
+    for s in sections[1:]:
+        rows += s.rows(timings)
     if args.distributed:
         say("distributed: ray backend with 1, 2 actors vs the local backend")
         rows += bench_distributed(devices[-1], 400 if quick else 1500)

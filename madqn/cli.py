@@ -29,6 +29,10 @@ def _train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="training length in agent steps")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto: cuda when available)")
+    p.add_argument("--precision", choices=["fp32", "bf16", "auto"],
+                   help="learner arithmetic: fp32 (DQN3.0, the default), bf16 (autocast forwards and backward; "
+                        "weights, targets and optimizer stay fp32), auto (bf16 where the CPU/GPU has it natively); "
+                        "the run's first line says which")
     p.add_argument("--run-dir", help="run directory (default runs/<env>-<sharing>-s<seed>-<time>)")
     p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     p.add_argument("--resume", metavar="RUN_DIR",
@@ -53,7 +57,7 @@ def run_train(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides)
     if args.learner_device is not None:
         args.device = args.learner_device
-    for key in ("sharing", "steps", "seed", "device", "backend", "actors", "ray_address"):
+    for key in ("sharing", "steps", "seed", "device", "precision", "backend", "actors", "ray_address"):
         value = getattr(args, key)
         if value is not None:
             overrides[key] = value

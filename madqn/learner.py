@@ -100,6 +100,10 @@ class DQN3RMSprop(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, decay=decay, eps=eps, weight_cost=weight_cost))
         self._scratch: dict[torch.Tensor, torch.Tensor] = {}  # per-parameter buffer for the denominator
 
+    def __setstate__(self, state):  # copy.deepcopy / pickle: the scratch buffers are rebuilt, not copied
+        super().__setstate__(state)
+        self._scratch = {}
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None

@@ -43,6 +43,7 @@ class RunSummary:
     agents: dict[str, AgentResult]
     window: int
     files: dict[str, str] = field(default_factory=dict)  # what -> where (or the command that makes it)
+    precision: str = "fp32"  # the learner's arithmetic as it ran (config.toml records "auto" resolved)
 
 
 def running_best(scores: np.ndarray, window: int) -> float:
@@ -93,7 +94,8 @@ def summarize_run(run_dir: str | Path, *, wall_time: float | None = None, window
         run_dir=run_dir, env=str(config.get("env", "?")), sharing=str(config.get("sharing", "?")),
         seed=int(config.get("seed", 0)), steps=steps, total_steps=int(config.get("steps", steps)),
         episodes=len({(r["episode"]) for r in episodes}), wall_time=wall_time,
-        updates={r["learner"]: int(r["updates"]) for r in last}, agents=agents, window=window)
+        updates={r["learner"]: int(r["updates"]) for r in last}, agents=agents, window=window,
+        precision=str(config.get("precision", "fp32")))
     summary.files = _files(run_dir)
     return summary
 
@@ -138,7 +140,8 @@ def format_summary(s: RunSummary) -> str:
     """A few aligned lines: the run, then one row per agent, then the files."""
     wall = "" if s.wall_time is None else f", {s.wall_time:.1f} s wall ({s.steps / max(s.wall_time, 1e-9):.0f} steps/s)"
     updates = ", ".join(f"{k} {v}" for k, v in s.updates.items()) or "none"
-    lines = [f"run {s.run_dir}: {s.env}, sharing {s.sharing}, seed {s.seed}",
+    precision = "" if s.precision == "fp32" else f", precision {s.precision}"
+    lines = [f"run {s.run_dir}: {s.env}, sharing {s.sharing}, seed {s.seed}{precision}",
              f"  {s.steps}/{s.total_steps} agent steps, {s.episodes} episodes{wall}; updates: {updates}"]
     has_eval = any(a.eval_final is not None for a in s.agents.values())
     header = ["agent", "episodes", f"final (last {s.window} ep)", f"best ({s.window}-ep mean)"]
