@@ -174,3 +174,32 @@ def test_swapping_the_agent_indicator_swaps_which_paddle_the_shared_network_move
         conv1[:, -1] = conv1[:, -2]
     _, _, _, blind_differ = indicator_choices(agents)
     assert blind_differ == 0
+
+
+# precision = "bf16": the same learning tests, the same pass rules (docs/dqn3.md, "Precision").
+@pytest.mark.slow
+@pytest.mark.parametrize("sharing", ["shared", "independent"])
+def test_conv_stack_learns_small_catch_bf16(tmp_path, sharing):
+    result = madqn.train(_small(), ROOT / "configs" / "catch_small.toml", run_dir=tmp_path / "run",
+                         sharing=sharing, precision="bf16")
+    check_learned(result, _small())
+
+
+@pytest.mark.slow
+def test_conv_stack_learns_catch_from_rgb_images_bf16(tmp_path):
+    result = madqn.train(_full(), ROOT / "configs" / "catch.toml", run_dir=tmp_path / "run", precision="bf16")
+    check_learned(result, _full())
+
+
+@pytest.mark.slow
+def test_mlp_learns_gridrace_turn_by_turn_bf16(tmp_path):
+    factory = madqn.env.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_aec_env")
+    check_gridrace(madqn.train(factory, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run",
+                               precision="bf16"), factory)
+
+
+@pytest.mark.slow
+def test_mlp_learns_gridrace_parallel_independent_bf16(tmp_path):
+    factory = madqn.env.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_env")
+    check_gridrace(madqn.train(factory, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run",
+                               sharing="independent", precision="bf16"), factory)

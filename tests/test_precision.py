@@ -1,0 +1,129 @@
+"""precision = "bf16": the update agrees with fp32 on a fixed batch, master state stays fp32, the CUDA
+switches are never touched on CPU, and the CLI reports what "auto" chose.
+
+Tolerances (measured on 4 seeds of this batch: delta within 4e-4, weight change 4-9% apart in relative
+norm, cosine >= 0.996): clipped deltas and q2_max within 2e-3 (|Q| is ~0.1 at init, bf16 keeps 8
+significant bits), the weight change of one DQN3RMSprop step within 20% relative norm and cosine >= 0.99.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import madqn.learner
+from madqn import cli
+from madqn.learner import Learner, cuda_fp32_precision, describe_precision
+from madqn.networks import DQN3ConvNet
+from helpers import ROOT
+
+LR = 2.5e-4
+
+
+def _batch(seed=0, batch=32):
+    g = torch.Generator().manual_seed(seed)
+    whole = torch.randint(0, 256, (batch, 5, 84, 84), dtype=torch.uint8, generator=g)
+    actions = torch.randint(0, 6, (batch,), generator=g)
+    rewards = torch.randint(-1, 2, (batch,), generator=g).float()
+    terminals = (torch.rand(batch, generator=g) < 0.2).float()
+    agent_ids = torch.randint(0, 2, (batch,), generator=g)
+    return whole[:, :4], actions, rewards, whole[:, 1:], terminals, agent_ids
+
+
+def _update(net, precision, batch):
+    learner = Learner(copy.deepcopy(net), lr=LR, lr_end=LR, lr_endt=1, learn_start=0, discount=0.99,
+                      clip_delta=1.0, rescale_r=True, r_max=1.0, weight_cost=0.0, device="cpu", precision=precision)
+    before = [p.detach().clone() for p in learner.online_network.parameters()]
+    states, actions, rewards, next_states, terminals, ids = batch
+    stats = learner.update(states, actions, rewards, next_states, terminals, agent_ids=ids)
+    change = torch.cat([(p.detach() - b).flatten() for p, b in zip(learner.online_network.parameters(), before)])
+    return learner, stats, change
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bf16_update_agrees_with_fp32_on_a_fixed_batch(seed):
+    torch.manual_seed(seed)
+    net = DQN3ConvNet(6, 4, n_agents=2)
+    batch = _batch(seed)
+    _, ref, change32 = _update(net, "fp32", batch)
+    learner, out, change16 = _update(net, "bf16", batch)
+
+    clipped = ref["delta"].abs() == 1.0
+    assert 0 < clipped.sum() < len(clipped)  # both clipped and unclipped rows
+    torch.testing.assert_close(out["delta"], ref["delta"], rtol=0, atol=2e-3)
+    assert torch.equal(out["delta"][clipped], ref["delta"][clipped])
+    for key in ("q2_max", "q_mean", "abs_delta"):
+        assert abs(out[key].item() - ref[key].item()) <= 2e-3, key
+    assert out["delta"].dtype == torch.float32  # targets/delta computed in fp32
+
+    assert not torch.equal(change16, change32)  # the bf16 path really ran in bf16
+    assert (change16 - change32).norm() <= 0.2 * change32.norm()
+    assert torch.nn.functional.cosine_similarity(change16, change32, dim=0) >= 0.99
+
+    # master weights, their gradients and the DQN3RMSprop state stay fp32
+    for p in learner.online_network.parameters():
+        assert p.dtype == torch.float32 and p.grad.dtype == torch.float32
+        state = learner.optimizer.state[p]
+        assert state["g"].dtype == state["g2"].dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in learner.target_network.parameters())
+
+
+def test_bf16_targets_equal_q_targets_of_the_bf16_q_values():
+    """The targets/delta are DQN3.0's getQUpdate applied (in fp32) to the Q-values the bf16 forwards give."""
+    torch.manual_seed(5)
+    net = DQN3ConvNet(6, 4, n_agents=2)
+    states, actions, rewards, next_states, terminals, ids = _batch(5)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        q_all = net(states, ids).float()
+        q2_all = net(next_states, ids).float()
+    q_sa = q_all.gather(1, actions.view(-1, 1)).squeeze(1)
+    expected = (rewards + 0.99 * q2_all.max(1).values * (1 - terminals) - q_sa).clamp(-1, 1)
+    _, out, _ = _update(net, "bf16", (states, actions, rewards, next_states, terminals, ids))
+    torch.testing.assert_close(out["delta"], expected, rtol=0, atol=1e-6)
+
+
+def test_cpu_update_never_touches_the_cuda_switches(monkeypatch):
+    def refuse(mode):
+        raise AssertionError("cuda_fp32_precision entered on CPU")
+
+    monkeypatch.setattr(madqn.learner, "cuda_fp32_precision", refuse)
+    torch.manual_seed(0)
+    for precision in ("fp32", "bf16"):
+        _update(DQN3ConvNet(6, 4, n_agents=2), precision, _batch(0, batch=4))
+
+
+def test_cuda_fp32_precision_sets_and_restores_the_tf32_switches():
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    before = (matmul.fp32_precision, conv.fp32_precision)
+    for mode in ("tf32", "ieee"):
+        with cuda_fp32_precision(mode):
+            assert (matmul.fp32_precision, conv.fp32_precision) == (mode, mode)
+        assert (matmul.fp32_precision, conv.fp32_precision) == before
+
+
+def test_describe_precision():
+    cpu = torch.device("cpu")
+    assert describe_precision("fp32", cpu) == ("fp32", "set")
+    assert describe_precision("bf16", cpu) == ("bf16", "set")
+    flags = open("/proc/cpuinfo").read().split()
+    native = "avx512_bf16" in flags or "amx_bf16" in flags
+    resolved, why = describe_precision("auto", cpu)
+    assert resolved == ("bf16" if native else "fp32") and why.startswith("auto: ")
+    with pytest.raises(ValueError, match="precision"):
+        Learner(DQN3ConvNet(6), lr=LR, lr_end=LR, lr_endt=1, learn_start=0, discount=0.99, clip_delta=1.0,
+                rescale_r=True, r_max=1.0, weight_cost=0.0, device="cpu", precision="fp16")
+
+
+def test_cli_precision_auto_is_resolved_in_the_first_line_and_the_config(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = cli.main(["train", "--env", f"{ROOT / 'tests' / 'tiny_catch.py'}:make", "--precision", "auto",
+                     "--steps", "60", "--run-dir", str(run_dir), "--set", "learn_start=20",
+                     "--set", "final_eval_episodes=0", "--set", "device='cpu'", "--set", "num_threads=1"])
+    assert code == 0
+    resolved, why = describe_precision("auto", torch.device("cpu"))
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("madqn train: ") and f"precision {resolved} ({why})" in first
+    assert f'precision = "{resolved}"' in (run_dir / "config.toml").read_text()
+    with pytest.raises(SystemExit) as bad:
+        cli.build_parser().parse_args(["train", "--precision", "fp16"])
+    assert bad.value.code == 2 and "invalid choice: 'fp16'" in capsys.readouterr().err
