@@ -2,10 +2,11 @@
 
 Every timed figure is a *probe* (a function returning a rate). All probes of a bench run, the
 components and the end-to-end training runs alike, are timed in ONE measurement window: round after
-round, each probe once per round, the order reversed every other round; the table reports medians.
-A busy machine therefore slows a figure and its limit alike. When the repeats of a figure disagree
-by more than ``NOISY_SPREAD`` (or the end-to-end runs beat the bound the components allow), the
-machine was too noisy: those rows show "noisy" instead of a ratio and a pass/MISS.
+round, each probe once per round, the order reversed every other round. A ratio is taken inside
+each round (a figure and its limit ran minutes apart at most, under the same load) and the table
+reports the median over rounds, next to the median figures. When a row's per-round ratios disagree
+by more than ``NOISY_SPREAD`` (or an end-to-end run beats the bound the component rows allow), the
+machine was too noisy: the row shows "noisy" instead of a ratio and a pass/MISS.
 
 - env: ``AtariEnv.step`` decisions/s vs the bare emulator (ALE's C ``actMulti``, ``action_repeat``
   frames per decision, no screen read);
@@ -39,7 +40,7 @@ import numpy as np
 from madqn.cli import command
 
 CLEANRL_STEPS_PER_S = 84.0  # CleanRL dqn_atari on Pong, 2-core CPU (issue 5), the peer to beat by 1.3x
-NOISY_SPREAD = 0.3  # (max - min) / median of a probe's repeats above which its comparisons are not reported
+NOISY_SPREAD = 0.3  # (max - min) / median of a row's per-round ratios above which it is not reported
 BOUND_SLACK = 1.15  # an end-to-end run faster than this x the bound contradicts the component rows
 
 
@@ -52,11 +53,14 @@ class Row:
     target: str = ""  # e.g. ">= 0.8" on value/limit, or "<= 7200" on value
     passed: bool | None = None
     note: str = ""
-    spread: float | None = None  # largest repeat spread of the probes behind value and limit
+    spread: float | None = None  # (max - min) / median of the per-round ratios (or values, without a limit)
     inconsistent: bool = False  # contradicts other rows of the same window (end-to-end above its bound)
+    round_ratio: float | None = None  # median over rounds of value / limit measured in the same round
 
     @property
     def ratio(self) -> float | None:
+        if self.round_ratio is not None:
+            return self.round_ratio
         return None if not self.limit else self.value / self.limit
 
     @property
@@ -76,13 +80,13 @@ def verdict(rows: list[Row]) -> str:
     noisy = [r for r in timed if r.noisy]
     if not noisy:
         worst = max((r.spread for r in timed), default=0.0)
-        return (f"Repeats agreed: every timed figure within {100 * worst:.0f}% between rounds "
+        return (f"Repeats agreed: every timed row's per-round ratio within {100 * worst:.0f}% between rounds "
                 f"(threshold {100 * NOISY_SPREAD:.0f}%), so the ratios are comparable.")
     contradictions = sum(r.inconsistent for r in noisy)
     extra = f"; {contradictions} end-to-end run(s) beat the bound of the component rows" if contradictions else ""
-    return (f"The machine was too noisy for {len(noisy)} of {len(timed)} timed rows: their repeats differed by more "
-            f"than {100 * NOISY_SPREAD:.0f}%{extra}. Those rows say 'noisy' instead of a ratio; rerun on a quieter "
-            "machine.")
+    return (f"The machine was too noisy for {len(noisy)} of {len(timed)} timed rows: their per-round ratios differed "
+            f"by more than {100 * NOISY_SPREAD:.0f}%{extra}. Those rows say 'noisy' instead of a ratio; rerun on a "
+            "quieter machine.")
 
 
 def format_table(rows: list[Row]) -> str:
@@ -135,9 +139,15 @@ class Timings:
     def median(self, key: str) -> float:
         return statistics.median(self.rates[key])
 
-    def spread(self, *keys: str) -> float:
-        """The largest (max - min) / median among ``keys``: how much the repeats disagreed."""
-        return max((max(v) - min(v)) / statistics.median(v) for v in (self.rates[k] for k in keys))
+    def per_round(self, fn: Callable[[dict[str, float]], float]) -> list[float]:
+        """``fn`` of each round's rates (a ratio of two probes, a bound from several)."""
+        rounds = len(next(iter(self.rates.values())))
+        return [fn({k: v[i] for k, v in self.rates.items()}) for i in range(rounds)]
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / median: how much the rounds disagreed."""
+    return (max(values) - min(values)) / statistics.median(values)
 
 
 def interleaved(fns: dict[str, Callable[[], float]], repeats: int) -> Timings:
@@ -161,12 +171,15 @@ def rate(fn: Callable[[], None], n: int, sync: Callable[[], None] = lambda: None
 
 
 def compared(t: Timings, name: str, value: str, limit: str, unit: str, *, target: str = "",
-             check: Callable[[float, float], bool] | None = None, note: str = "", per: float = 1.0,
+             check: Callable[[float], bool] | None = None, note: str = "", per: float = 1.0,
              inverse: bool = False) -> Row:
-    """A row of probe ``value`` next to probe ``limit`` (medians x ``per``; ``inverse``: 1000 / rate, in ms)."""
+    """A row of probe ``value`` next to probe ``limit``: medians x ``per`` (``inverse``: 1000 / rate, in ms),
+    the ratio per round and its median; ``check`` judges that median ratio."""
     conv = (lambda x: 1e3 / x) if inverse else (lambda x: x * per)
-    v, lim = conv(t.median(value)), conv(t.median(limit))
-    return Row(name, v, unit, lim, target, None if check is None else check(v, lim), note, t.spread(value, limit))
+    ratios = t.per_round(lambda r: conv(r[value]) / conv(r[limit]))
+    ratio = statistics.median(ratios)
+    return Row(name, conv(t.median(value)), unit, conv(t.median(limit)), target,
+               None if check is None else check(ratio), note, spread(ratios), round_ratio=ratio)
 
 
 @dataclass
@@ -208,7 +221,7 @@ def env_section(game: str, n: int) -> Section:
 
     def rows(t: Timings) -> list[Row]:
         return [compared(t, "env: AtariEnv (DQN3.0 preprocessing once per step)", "env/pipeline", "env/raw",
-                         "decisions/s", target=">= 0.8 x limit", check=lambda v, lim: v >= 0.8 * lim,
+                         "decisions/s", target=">= 0.8 x limit", check=lambda ratio: ratio >= 0.8,
                          note=f"limit: bare emulator, {env.action_repeat} frames/decision, no screen read")]
 
     return Section({"env/raw": lambda: rate(raw, n), "env/pipeline": lambda: rate(pipeline, n)}, rows, [env.close])
@@ -367,18 +380,20 @@ def learner_rows(t: Timings, device: str, flops: float, threads: int, sample_ms:
     key = f"learner[{device}]"
     out = [compared(t, f"learner [{device}]: Trainer.learn fp32 (sample, convert, DQN3.0 update)",
                     f"{key}/madqn-fp32", f"{key}/bare-fp32", "updates/s", target=">= 0.95 x limit",
-                    check=lambda v, lim: v >= 0.95 * lim,
+                    check=lambda ratio: ratio >= 0.95,
                     note=f"limit: bare PyTorch fp32 update, same net, batch 32, {threads} threads"),
            compared(t, f"learner [{device}]: Trainer.learn bf16 (precision = \"bf16\")",
                     f"{key}/madqn-bf16", f"{key}/bare-fp32", "updates/s",
                     note="limit: the same bare PyTorch fp32 update")]
     for precision in ("fp32", "bf16"):
-        achieved = t.median(f"{key}/madqn-{precision}") * flops * 1e-9
-        out.append(Row(f"learner [{device}]: achieved arithmetic, {precision}", achieved, "GFLOP/s",
-                       peak_gflops(t, device, precision), ">= 0.5 x limit" if precision == "bf16" else "",
-                       achieved >= 0.5 * peak_gflops(t, device, precision) if precision == "bf16" else None,
-                       f"{flops / 1e9:.2f} GFLOP per update x updates/s; limit: the {precision} matmul peak",
-                       t.spread(f"{key}/madqn-{precision}", f"peak[{device}]/{precision}")))
+        peak = f"peak[{device}]/{precision}"
+        row = compared(t, f"learner [{device}]: achieved arithmetic, {precision}", f"{key}/madqn-{precision}", peak,
+                       "GFLOP/s", target=">= 0.5 x limit" if precision == "bf16" else "",
+                       check=(lambda ratio: ratio >= 0.5) if precision == "bf16" else None,
+                       note=f"{flops / 1e9:.2f} GFLOP per update x updates/s; limit: the {precision} matmul peak")
+        row.value, row.limit = t.median(f"{key}/madqn-{precision}") * flops * 1e-9, peak_gflops(t, device, precision)
+        row.round_ratio *= flops  # updates/s x FLOP per update over FLOP/s
+        out.append(row)
     out += [compared(t, f"learner [{device}]: bare update, bf16 autocast", f"{key}/bare-bf16", f"{key}/bare-fp32",
                      "updates/s", note="limit: the bare fp32 update"),
             compared(t, f"learner [{device}]: bare update, fp32 channels_last", f"{key}/bare-fp32-cl",
@@ -390,10 +405,6 @@ def learner_rows(t: Timings, device: str, flops: float, threads: int, sample_ms:
         out.append(Row("replay: sample(32) (one gather of 32x5 frames)", sample_ms, "ms",
                        note=f"{share:.1f}% of an fp32 update"))
     return out
-
-
-def learner_rate(t: Timings, device: str, precision: str) -> float:
-    return t.median(f"learner[{device}]/madqn-{precision}")
 
 
 def _threads() -> int:
@@ -444,7 +455,7 @@ def acting_section(n: int, num_envs: int) -> Section:
     def rows(t: Timings) -> list[Row]:
         return [compared(t, f"acting: independent nets, {agents} agents (vmap over stacked params)",
                          "acting/independent", "acting/shared", "ms/step", target="<= 1.3 x limit",
-                         check=lambda v, lim: v <= 1.3 * lim, inverse=True,
+                         check=lambda ratio: ratio <= 1.3, inverse=True,
                          note=f"limit: shared net, same agents, one forward ({num_envs} env copies)"),
                 compared(t, f"acting: shared net under bf16 autocast, {agents} agents", "acting/shared-bf16",
                          "acting/shared", "ms/step", inverse=True, note="limit: the same in fp32")]
@@ -452,10 +463,6 @@ def acting_section(n: int, num_envs: int) -> Section:
     probes = {"acting/shared": act("shared"), "acting/independent": act("independent"),
               "acting/shared-bf16": act("shared", bf16=True)}
     return Section(probes, rows, [t.close for t in trainers.values()])
-
-
-def acting_ms(t: Timings, sharing: str) -> float:
-    return 1e3 / t.median(f"acting/{sharing}")
 
 
 # ---- end to end -----------------------------------------------------------------------------------
@@ -521,36 +528,39 @@ def e2e_key(device: str, sharing: str, precision: str, overlap: bool) -> str:
 
 
 def e2e_rows(t: Timings, device: str, num_envs: int) -> list[Row]:
-    """The bound rows (from the env, acting and learner medians) and the end-to-end rows against them;
-    a run above ``BOUND_SLACK`` x its bound contradicts the component rows and is marked noisy."""
-    env_rate = t.median("env/pipeline")
-    act = {k: acting_ms(t, k) for k in ("shared", "independent")}
-    component_probes = ("env/pipeline", "acting/shared", "acting/independent")
+    """The bound rows (from the env, acting and learner rates) and the end-to-end rows against them, each
+    bound taken per round; a run above ``BOUND_SLACK`` x its bound contradicts the component rows and is
+    marked noisy."""
+    def bound_in(r: dict[str, float], precision: str, sharing: str) -> tuple[float, float, float]:
+        act = {k: 1e3 / r[f"acting/{k}"] for k in ("shared", "independent")}
+        return bounds(r["env/pipeline"], act, r[f"learner[{device}]/madqn-{precision}"], num_envs)[sharing]
+
     rows = []
     for precision in ("fp32", "bf16"):
-        b = bounds(env_rate, act, learner_rate(t, device, precision), num_envs)
-        spread = t.spread(*component_probes, f"learner[{device}]/madqn-{precision}")
         for sharing in ("shared", "independent"):
-            bound, learner, env_acting = b[sharing]
-            rows.append(Row(f"bound [{device}]: {sharing}, {precision}", bound, "agent steps/s",
-                            note=f"learner {learner:,.0f}, env+acting {env_acting:,.0f}", spread=spread))
+            per_round = t.per_round(lambda r: bound_in(r, precision, sharing)[0])
+            learner = statistics.median(t.per_round(lambda r: bound_in(r, precision, sharing)[1]))
+            env_acting = statistics.median(t.per_round(lambda r: bound_in(r, precision, sharing)[2]))
+            rows.append(Row(f"bound [{device}]: {sharing}, {precision}", statistics.median(per_round), "agent steps/s",
+                            note=f"learner {learner:,.0f}, env+acting {env_acting:,.0f}", spread=spread(per_round)))
         for sharing in ("shared", "independent"):
-            bound = b[sharing][0]
             for p, overlap in E2E_VARIANTS:
                 if p != precision:
                     continue
                 key = e2e_key(device, sharing, precision, overlap)
-                value = t.median(key)
-                row = Row(f"end-to-end [{device}]: {sharing}, {precision}, {'overlap' if overlap else 'serial'}, "
-                          f"{num_envs} env{'s' if num_envs > 1 else ''}", value, "agent steps/s", bound,
-                          ">= 0.9 x bound and >= 110", value >= 0.9 * bound and value >= 1.3 * CLEANRL_STEPS_PER_S,
-                          "bound: min(learner, env+acting) rows; CleanRL: 84", max(spread, t.spread(key)),
-                          inconsistent=value > BOUND_SLACK * bound)
-                rows.append(row)
+                ratios = t.per_round(lambda r: r[key] / bound_in(r, precision, sharing)[0])
+                ratio, value = statistics.median(ratios), t.median(key)
+                bound = statistics.median(t.per_round(lambda r: bound_in(r, precision, sharing)[0]))
+                rows.append(Row(f"end-to-end [{device}]: {sharing}, {precision}, "
+                                f"{'overlap' if overlap else 'serial'}, {num_envs} env{'s' if num_envs > 1 else ''}",
+                                value, "agent steps/s", bound, ">= 0.9 x bound and >= 110",
+                                ratio >= 0.9 and value >= 1.3 * CLEANRL_STEPS_PER_S,
+                                "bound: min(learner, env+acting) rows; CleanRL: 84", spread(ratios),
+                                inconsistent=ratio > BOUND_SLACK, round_ratio=ratio))
     for sharing in ("shared", "independent"):
         keys = [e2e_key(device, sharing, p, False) for p in ("bf16", "fp32")]
         rows.append(compared(t, f"end-to-end [{device}]: {sharing}, bf16 vs fp32 (serial)", *keys, "agent steps/s",
-                             target=">= 1.5 x limit", check=lambda v, lim: v >= 1.5 * lim,
+                             target=">= 1.5 x limit", check=lambda ratio: ratio >= 1.5,
                              note="limit: the fp32 serial run of the same window"))
     return rows
 
