@@ -121,9 +121,12 @@ def test_cli_precision_auto_is_resolved_in_the_first_line_and_the_config(tmp_pat
                      "--set", "final_eval_episodes=0", "--set", "device='cpu'", "--set", "num_threads=1"])
     assert code == 0
     resolved, why = describe_precision("auto", torch.device("cpu"))
-    first = capsys.readouterr().out.splitlines()[0]
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
     assert first.startswith("madqn train: ") and f"precision {resolved} ({why})" in first
     assert f'precision = "{resolved}"' in (run_dir / "config.toml").read_text()
+    summary = next(line for line in out.splitlines() if line.startswith(f"run {run_dir}:"))
+    assert summary.endswith(", precision bf16") == (resolved == "bf16")  # the summary names a non-default precision
     with pytest.raises(SystemExit) as bad:
         cli.build_parser().parse_args(["train", "--precision", "fp16"])
     assert bad.value.code == 2 and "invalid choice: 'fp16'" in capsys.readouterr().err
