@@ -340,8 +340,8 @@ class Learner:
         if weights is not None:
             targets = targets * weights.to(targets.dtype).view(-1, 1)
         self.optimizer.zero_grad(set_to_none=True)
-        # DQN3.0's injected output gradient, in the output's dtype: under bf16 the same -targets rounded
-        # to bf16 (what autocast's cast back to fp32 would also do); .grad lands in fp32 on the fp32 weights.
+        # DQN3.0's injected output gradient in the output's dtype: under bf16, -targets rounded to bf16 (the
+        # same as injecting fp32 -targets into q_all.float(), whose backward rounds it); .grad lands in fp32.
         q_all.backward((-targets).to(q_all.dtype))
         lr = lr_at(step, learn_start=self.learn_start, lr_start=self.lr_start, lr_end=self.lr_end, lr_endt=self.lr_endt)
         for group in self.optimizer.param_groups:
