@@ -28,6 +28,7 @@ figure is a :class:`Section`: its probes join the window, its ``rows`` turn the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import platform
 import statistics
@@ -304,6 +305,8 @@ def bare_update(network, device, batch: int = 32, precision: str = "fp32", chann
     import torch
     import torch.nn.functional as F
 
+    from madqn.learner import cuda_fp32_precision
+
     online = copy.deepcopy(network).to(device)
     target = copy.deepcopy(network).to(device)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -318,16 +321,19 @@ def bare_update(network, device, batch: int = 32, precision: str = "fp32", chann
     r = torch.rand(batch, generator=g).to(device)
     term = torch.zeros(batch, device=device)
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    on_cuda = torch.device(device).type == "cuda"
 
     def update() -> None:
-        with autocast:
-            with torch.no_grad():
-                y = r + 0.99 * (1 - term) * target(s2).max(1).values.float()
-            q = online(s).gather(1, a[:, None]).squeeze(1).float()
-        loss = F.smooth_l1_loss(q, y, reduction="sum")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        # on CUDA the same fp32 arithmetic as the Learner's: IEEE for fp32, TF32 beside bf16 autocast
+        with cuda_fp32_precision("tf32" if precision == "bf16" else "ieee") if on_cuda else contextlib.nullcontext():
+            with autocast:
+                with torch.no_grad():
+                    y = r + 0.99 * (1 - term) * target(s2).max(1).values.float()
+                q = online(s).gather(1, a[:, None]).squeeze(1).float()
+            loss = F.smooth_l1_loss(q, y, reduction="sum")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
 
     return update
 

@@ -6,6 +6,7 @@ norm, cosine >= 0.996): clipped deltas and q2_max within 2e-3 (|Q| is ~0.1 at in
 significant bits), the weight change of one DQN3RMSprop step within 20% relative norm and cosine >= 0.99.
 """
 
+import contextlib
 import copy
 
 import pytest
@@ -130,3 +131,17 @@ def test_cli_precision_auto_is_resolved_in_the_first_line_and_the_config(tmp_pat
     with pytest.raises(SystemExit) as bad:
         cli.build_parser().parse_args(["train", "--precision", "fp16"])
     assert bad.value.code == 2 and "invalid choice: 'fp16'" in capsys.readouterr().err
+
+
+def test_on_cuda_the_update_asks_for_ieee_fp32_or_tf32_by_precision(monkeypatch):
+    """The dispatch only (no GPU here): a learner on a CUDA device enters cuda_fp32_precision with 'ieee'
+    for fp32 and 'tf32' for bf16."""
+    seen = []
+    monkeypatch.setattr(madqn.learner, "cuda_fp32_precision", lambda mode: seen.append(mode) or contextlib.nullcontext())
+    for precision in ("fp32", "bf16"):
+        learner = Learner(DQN3ConvNet(6), lr=LR, lr_end=LR, lr_endt=1, learn_start=0, discount=0.99, clip_delta=1.0,
+                          rescale_r=True, r_max=1.0, weight_cost=0.0, device="cpu", precision=precision)
+        learner.device = torch.device("cuda")
+        with learner._device_precision():
+            pass
+    assert seen == ["ieee", "tf32"]
