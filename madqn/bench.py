@@ -140,6 +140,8 @@ class Timings:
     def median(self, key: str) -> float:
         return statistics.median(self.rates[key])
 
+    __getitem__ = median  # timings["probe"]: its median rate
+
     def per_round(self, fn: Callable[[dict[str, float]], float]) -> list[float]:
         """``fn`` of each round's rates (a ratio of two probes, a bound from several)."""
         rounds = len(next(iter(self.rates.values())))

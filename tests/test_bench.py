@@ -130,7 +130,7 @@ def test_interleaved_runs_every_probe_once_per_round_in_alternating_order():
     t = interleaved(fns, repeats=3)
     assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert t.rates == {"a": [1.0, 6.0, 7.0], "b": [2.0, 5.0, 8.0], "c": [3.0, 4.0, 9.0]}
-    assert t.median("a") == 6.0 and spread(t.rates["a"]) == pytest.approx(1.0)
+    assert t.median("a") == t["a"] == 6.0 and spread(t.rates["a"]) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("double", [False, True])
