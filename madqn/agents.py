@@ -79,7 +79,7 @@ class Agents:
         for name, group in state["groups"].items():
             members = list(group["agents"])
             network = build_q_network(specs[members[0]].shape, int(group["n_actions"]), config.hist_len, n_indicator,
-                                      kind=config.network, hidden=tuple(config.mlp_hidden))
+                                      kind=config.network, hidden=tuple(config.mlp_hidden), dueling=config.dueling)
             try:
                 network.load_state_dict(group["online"] if "online" in group else group["learner"]["online"])
             except (RuntimeError, KeyError) as e:

@@ -107,6 +107,17 @@ class Config:
     optimizer: str = _f("rmsprop", "'rmsprop': DQN3.0's centred RMSProp (rmsprop_decay, rmsprop_eps); 'adam': Adam with adam_eps (Rainbow: lr 6.25e-5, eps 1.5e-4)",
                         choices=("rmsprop", "adam"))
     adam_eps: float = _f(1.5e-4, "Adam's epsilon (optimizer = 'adam')", min=0.0)
+    dueling: bool = _f(False, "dueling network (Wang et al. 2016): two streams V and A after the conv stack (512 units each; "
+                       "the MLP splits its last hidden layer), Q = V + A - mean(A)")
+    n_step: int = _f(1, "n-step returns (Sutton 1988; Rainbow): sum up to n_step clipped rewards, discount**k, bootstrap "
+                     "from the state k steps on; stops at an episode end (1 = DQN3.0)", min=1)
+    prioritized: bool = _f(False, "proportional prioritized replay (Schaul et al. 2016): sample by (|clipped delta| + "
+                           "priority_eps) ** priority_alpha, importance weights scale the delta")
+    priority_alpha: float = _f(0.6, "prioritized replay: priority exponent alpha (0 = uniform)", min=0.0, max=1.0)
+    priority_beta: float = _f(0.4, "prioritized replay: importance-sampling exponent at learn_start, annealed linearly "
+                              "to 1 at the last step", min=0.0, max=1.0)
+    priority_eps: float = _f(1e-6, "prioritized replay: added to |clipped delta| so that no transition gets priority 0",
+                             min=0.0)
     precision: str = _f("fp32", "learner arithmetic: 'fp32' (DQN3.0), 'bf16' (autocast forwards and backward; weights, targets and optimizer stay fp32), 'auto' (bf16 where the CPU/GPU supports it natively)",
                         choices=("fp32", "bf16", "auto"))
 
@@ -163,6 +174,10 @@ class Config:
                 f"({self.hist_len + self.minibatch_size})")
         if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in self.mlp_hidden):
             raise ConfigError(f"config key 'mlp_hidden' must be a list of positive integers, got {self.mlp_hidden!r}")
+        if self.dueling and not self.mlp_hidden and self.network != "conv":
+            raise ConfigError("config key 'dueling' needs at least one hidden layer in 'mlp_hidden' for the MLP network")
+        if self.prioritized and self.priority_eps <= 0:
+            raise ConfigError(f"config key 'priority_eps' must be > 0 with prioritized replay, got {self.priority_eps!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"config key 'device' must be auto, cpu, cuda or cuda:N; got {self.device!r}")
 

@@ -131,7 +131,8 @@ class Actor(Trainer):
             n_actions = int(env.action_space(agents[0]).n)
             n_indicator = len(self.agents) if (c.sharing == "shared" and c.agent_indicator) else 0
             network = build_q_network(tuple(obs_space.shape), n_actions, c.hist_len, n_indicator,
-                                      kind=c.network, hidden=tuple(c.mlp_hidden)).requires_grad_(False)
+                                      kind=c.network, hidden=tuple(c.mlp_hidden),
+                                      dueling=c.dueling).requires_grad_(False)
             self.rng.integers(2**31)  # the Trainer seeds each replay memory here: keep the acting RNG in step
             ids = np.array([self.agents.index(a) for a in agents for _ in range(c.num_envs)], dtype=np.int64)
             groups.append(Group(name, list(agents), _ActingLearner(network), ReplayRecorder(k), n_actions, ids))

@@ -66,7 +66,7 @@ class ValidationSet:
 
 def draw_validation_set(group: Any, size: int, rng: np.random.Generator, device: torch.device) -> ValidationSet:
     """``size`` transitions from ``group.replay`` drawn with ``rng`` (the training sampler's generator is untouched)."""
-    batch = group.replay.sample(size, rng=rng)
+    batch = group.replay.sample(size, rng=rng, dqn3=True)  # uniform 1-step transitions, whatever the options
 
     def t(x: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.array(x), device=device)

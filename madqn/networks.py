@@ -3,7 +3,8 @@
 Both networks share one calling convention, ``forward(x, agent_ids=None) -> q_BA``, and expose
 ``n_agents``: when it is > 0 the network is shared between agents and is told which agent it is
 acting for by a one-hot agent indicator (PettingZoo Atari paper), so ``agent_ids`` (B,) long is
-required; with ``n_agents == 0`` it is ignored.
+required; with ``n_agents == 0`` it is ignored. ``dueling=True`` (Wang et al. 2016) replaces the
+last hidden layer and the output layer by a :class:`DuelingHead`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,21 @@ def _check_agent_ids(agent_ids: Tensor | None, n_agents: int, batch: int) -> Non
             raise ValueError(f"agent_ids must have shape ({batch},), got {tuple(agent_ids.shape)}")
 
 
+class DuelingHead(nn.Module):
+    """Two streams of ``width`` ReLU units on the same features: V (one output) and A (one per action),
+    combined as Q = V + A - mean_a(A) (Wang et al. 2016, eq. 9: the mean over all actions)."""
+
+    def __init__(self, in_features: int, width: int, n_actions: int):
+        super().__init__()
+        self.value = nn.Sequential(nn.Linear(in_features, width), nn.ReLU(), nn.Linear(width, 1))
+        self.advantage = nn.Sequential(nn.Linear(in_features, width), nn.ReLU(), nn.Linear(width, n_actions))
+
+    def forward(self, features: Tensor) -> Tensor:
+        v_B1 = self.value(features)
+        a_BA = self.advantage(features)
+        return v_B1 + a_BA - a_BA.mean(dim=1, keepdim=True)
+
+
 class DQN3ConvNet(nn.Module):
     """convnet_atari3 (Nature DQN): 3 convs + fc 512 + linear, ReLU, padding 0, default init.
 
@@ -49,9 +65,13 @@ class DQN3ConvNet(nn.Module):
     so it is added to conv1's bias instead of convolving the planes: exactly the same maths as
     concatenating the channels, and the weights (and their init bounds, fan_in included) are
     those of the concatenated network.
+
+    ``dueling=True``: the conv stack, then two 512-unit streams V and A (:class:`DuelingHead`)
+    instead of fc + linear.
     """
 
-    def __init__(self, n_actions: int, hist_len: int = 4, n_agents: int = 0, frame_size: int = 84):
+    def __init__(self, n_actions: int, hist_len: int = 4, n_agents: int = 0, frame_size: int = 84,
+                 dueling: bool = False):
         super().__init__()
         if n_actions < 1 or hist_len < 1 or n_agents < 0:
             raise ValueError(f"bad DQN3ConvNet sizes: n_actions={n_actions}, hist_len={hist_len}, n_agents={n_agents}")
@@ -64,11 +84,15 @@ class DQN3ConvNet(nn.Module):
         self.hist_len = hist_len
         self.n_agents = n_agents
         self.frame_size = frame_size
+        self.dueling = dueling
         self.conv1 = nn.Conv2d(hist_len + n_agents, 32, kernel_size=8, stride=4)
         self.conv2 = nn.Conv2d(32, 64, kernel_size=4, stride=2)
         self.conv3 = nn.Conv2d(64, 64, kernel_size=3, stride=1)
-        self.fc = nn.Linear(64 * s3 * s3, 512)
-        self.out = nn.Linear(512, n_actions)
+        if dueling:
+            self.head = DuelingHead(64 * s3 * s3, 512, n_actions)
+        else:
+            self.fc = nn.Linear(64 * s3 * s3, 512)
+            self.out = nn.Linear(512, n_actions)
 
     def forward(self, frames: Tensor, agent_ids: Tensor | None = None) -> Tensor:
         batch = frames.shape[0]
@@ -93,6 +117,8 @@ class DQN3ConvNet(nn.Module):
         h = F.relu(h)
         h = F.relu(self.conv2(h))
         h = F.relu(self.conv3(h))
+        if self.dueling:
+            return self.head(h.flatten(1))
         h = F.relu(self.fc(h.flatten(1)))
         return self.out(h)
 
@@ -101,6 +127,9 @@ class MLPQNetwork(nn.Module):
     """ReLU MLP on the flattened (B, hist_len, obs_dim) history, one-hot agent id appended.
 
     Inputs are cast to float32 and NOT rescaled (vector observations are used as given).
+    ``dueling=True``: the last hidden layer becomes two streams of its width, V and A
+    (:class:`DuelingHead`), on the output of the layers before it (the input when there is one
+    hidden layer).
     """
 
     def __init__(
@@ -110,6 +139,7 @@ class MLPQNetwork(nn.Module):
         hist_len: int = 1,
         n_agents: int = 0,
         hidden: Sequence[int] = (256, 256),
+        dueling: bool = False,
     ):
         super().__init__()
         if obs_dim < 1 or n_actions < 1 or hist_len < 1 or n_agents < 0:
@@ -121,12 +151,18 @@ class MLPQNetwork(nn.Module):
         self.hist_len = hist_len
         self.n_agents = n_agents
         self.hidden = tuple(int(h) for h in hidden)
+        self.dueling = dueling
+        if dueling and not self.hidden:
+            raise ValueError("a dueling MLP needs at least one hidden layer (mlp_hidden)")
         layers: list[nn.Module] = []
         width = hist_len * obs_dim + n_agents
-        for h in self.hidden:
+        for h in self.hidden[:-1] if dueling else self.hidden:
             layers += [nn.Linear(width, h), nn.ReLU()]
             width = h
-        layers.append(nn.Linear(width, n_actions))
+        if dueling:
+            layers.append(DuelingHead(width, self.hidden[-1], n_actions))
+        else:
+            layers.append(nn.Linear(width, n_actions))
         self.layers = nn.Sequential(*layers)
 
     def forward(self, obs: Tensor, agent_ids: Tensor | None = None) -> Tensor:
@@ -150,12 +186,13 @@ def build_q_network(
     n_agents: int = 0,
     kind: str = "auto",
     hidden: Sequence[int] = (256, 256),
+    dueling: bool = False,
 ) -> nn.Module:
     """Pick the Q-network for ONE preprocessed observation of shape ``obs_shape``.
 
     "auto": a square 2-D frame (84x84 after DQN3.0 preprocessing) -> DQN3ConvNet, a 1-D vector
     -> MLPQNetwork. "conv" forces the conv net (needs a square frame of side >= 36); "mlp"
-    forces the MLP on the flattened observation.
+    forces the MLP on the flattened observation. ``dueling``: V and A streams (Wang et al. 2016).
     """
     obs_shape = tuple(int(d) for d in obs_shape)
     is_frame = len(obs_shape) == 2 and obs_shape[0] == obs_shape[1] and obs_shape[0] >= 36
@@ -172,9 +209,10 @@ def build_q_network(
     if kind == "conv":
         if not is_frame:
             raise ValueError(f"the conv Q-network needs a square 2-D frame of side >= 36, got shape {obs_shape}")
-        return DQN3ConvNet(n_actions, hist_len=hist_len, n_agents=n_agents, frame_size=obs_shape[0])
+        return DQN3ConvNet(n_actions, hist_len=hist_len, n_agents=n_agents, frame_size=obs_shape[0], dueling=dueling)
     if kind == "mlp":
         if len(obs_shape) == 0:
             raise ValueError("the mlp Q-network needs an observation with at least one dimension")
-        return MLPQNetwork(math.prod(obs_shape), n_actions, hist_len=hist_len, n_agents=n_agents, hidden=hidden)
+        return MLPQNetwork(math.prod(obs_shape), n_actions, hist_len=hist_len, n_agents=n_agents, hidden=hidden,
+                           dueling=dueling)
     raise ValueError(f"unknown Q-network kind {kind!r}: expected 'auto', 'conv' or 'mlp'")

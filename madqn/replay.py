@@ -15,6 +15,12 @@ Where we differ:
   it) but, like a terminal one, is never the newest frame of s and never stacked with the next
   episode.
 - several streams live in one object and never mix; optional per-entry legal-action masks.
+
+Beyond DQN3.0 (each off by default):
+- ``n_step`` > 1: n-step returns assembled at sample time from the same frame-once table (no
+  frame stored twice), see ``_n_step_returns``;
+- ``prioritized``: proportional prioritized replay (madqn.prioritized) with one sum-tree over
+  all streams.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from madqn.prioritized import SumTree, importance_weights, priorities
 
 # Candidate rounds before sample() falls back to enumerating the valid indices exactly.
 _MAX_DRAW_ROUNDS = 64
@@ -43,6 +51,8 @@ class Batch:
     streams: np.ndarray  # (B,) int64, stream each sample came from
     next_action_masks: np.ndarray | None  # (B, n_actions) bool legal actions at s2, None if not stored
     indices: np.ndarray  # (B,) int64, position j (newest frame of s) inside its stream
+    discounts: np.ndarray | None = None  # (B,) float32 discount**k of an n-step return (0 after a terminal); None: 1-step
+    weights: np.ndarray | None = None  # (B,) float32 importance weights (prioritized replay), None: uniform
 
 
 class ReplayMemory:
@@ -67,6 +77,20 @@ class ReplayMemory:
          STORED episode_end flag zeroes that part (flags of overwritten entries are unknown).
     So no stack holds overwritten data, frames of another episode or frames of another stream.
     Sampling is uniform over the valid (stream, j) pairs, with replacement.
+
+    n-step returns (``n_step`` = N > 1): the transition at j becomes s = stack ending at j, a_j,
+    R = r_j + g r_{j+1} + ... + g^(k-1) r_{j+k-1}, s2 = stack ending at j+k, discount g^k (0 when
+    frame j+k is terminal), with k <= N the largest count such that entries j+1..j+k-1 are not
+    episode ends and j+k is stored (k stops at a terminal or a truncated final frame, which is
+    bootstrapped from, and at the newest entry: the write cursor is never crossed). The validity
+    rule is the 1-step one: the longer return only reads entries of the same stream and episode.
+
+    Prioritized (``prioritized``): one SumTree leaf per entry (stream * capacity + position) holds
+    the priority of the transition at that entry: 0 until its successor is written (and forever for
+    a final frame), then the largest priority so far, then (|clipped delta| + eps) ** alpha after
+    each update (``update_priorities``). ``sample`` draws leaves proportionally (stratified), still
+    rejecting indices that break the validity rule (their leaf is set to 0: after the wrap-around a
+    history can only lose more of its frames, never regain them).
     """
 
     def __init__(
@@ -80,6 +104,11 @@ class ReplayMemory:
         n_actions: int | None = None,
         store_action_masks: bool = False,
         seed: int | None = None,
+        n_step: int = 1,
+        discount: float = 0.99,
+        prioritized: bool = False,
+        priority_alpha: float = 0.6,
+        priority_eps: float = 1e-6,
     ):
         if capacity < 2:
             raise ValueError(f"replay capacity must be >= 2 entries per stream, got {capacity}")
@@ -89,6 +118,8 @@ class ReplayMemory:
             raise ValueError(f"n_streams must be >= 1, got {n_streams}")
         if store_action_masks and (n_actions is None or n_actions < 1):
             raise ValueError("store_action_masks=True needs n_actions >= 1")
+        if n_step < 1:
+            raise ValueError(f"n_step must be >= 1, got {n_step}")
         self.capacity = int(capacity)
         self.frame_shape = tuple(int(n) for n in frame_shape)
         self.hist_len = int(hist_len)
@@ -107,6 +138,12 @@ class ReplayMemory:
         self.action_masks = np.zeros((*shape, self.n_actions), dtype=bool) if self.store_action_masks else None
         # entries ever written per stream; entry n lives at position n % capacity
         self.written = np.zeros(self.n_streams, dtype=np.int64)
+        self.n_step = int(n_step)
+        self.discount = float(discount)
+        self.priority_alpha = float(priority_alpha)
+        self.priority_eps = float(priority_eps)
+        self.tree = SumTree(self.n_streams * self.capacity) if prioritized else None
+        self.max_priority = 1.0  # the largest |clipped delta| + eps so far: what new transitions get
 
     # ------------------------------------------------------------------ writing
 
@@ -136,6 +173,13 @@ class ReplayMemory:
             # e.g. a [0, 1] float image into uint8 storage would silently truncate to zeros
             raise ValueError(f"frame dtype {frame.dtype} cannot be stored as {self.frames.dtype}")
         pos = int(self.written[stream] % self.capacity)
+        if self.tree is not None:
+            base = stream * self.capacity
+            self.tree.set_one(base + pos, 0.0)  # no successor yet
+            prev = (pos - 1) % self.capacity
+            if self.written[stream] > 0 and not self.episode_end[stream, prev]:
+                # the transition at prev is complete now: it enters with the largest priority so far
+                self.tree.set_one(base + prev, self.max_priority ** self.priority_alpha)
         self.frames[stream, pos] = frame
         self.actions[stream, pos] = action
         self.rewards[stream, pos] = reward
@@ -155,6 +199,8 @@ class ReplayMemory:
         arrays = [self.frames, self.actions, self.rewards, self.terminal, self.episode_end, self.written]
         if self.action_masks is not None:
             arrays.append(self.action_masks)
+        if self.tree is not None:
+            arrays.append(self.tree.nodes)
         return sum(a.nbytes for a in arrays)
 
     def _check(self, streams: np.ndarray, positions: np.ndarray):
@@ -195,14 +241,20 @@ class ReplayMemory:
         """Number of sampleable (stream, j) pairs. O(len(self))."""
         return len(self.valid_indices()[0])
 
-    def sample(self, batch_size: int, rng: np.random.Generator | None = None) -> Batch:
-        """A minibatch of ``batch_size`` transitions, uniform over the valid indices (with replacement).
+    def sample(self, batch_size: int, rng: np.random.Generator | None = None, *, beta: float = 1.0,
+               dqn3: bool = False) -> Batch:
+        """A minibatch of ``batch_size`` transitions, uniform over the valid indices (with replacement),
+        or proportional to the priorities when the memory is prioritized (then ``weights`` holds the
+        importance weights for exponent ``beta``).
 
         ``rng``: draw with this generator instead of the memory's own (e.g. a held-out validation
-        set that must not change the training minibatches)."""
+        set that must not change the training minibatches). ``dqn3``: DQN3.0's transitions whatever
+        the memory's options: uniform and 1-step."""
         rng = self.rng if rng is None else rng
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if self.tree is not None and not dqn3:
+            return self._sample_prioritized(batch_size, rng, beta)
         counts = np.minimum(self.written, self.capacity)
         n_stored = int(counts.sum())
         if n_stored == 0:
@@ -246,9 +298,54 @@ class ReplayMemory:
             streams[filled:] = all_streams[pick]
             logical[filled:] = pick_logical
             zeroed[filled:] = pick_zeroed
-        return self._gather(streams, logical, zeroed)
+        return self._gather(streams, logical, zeroed, 1 if dqn3 else self.n_step)
 
-    def _gather(self, streams: np.ndarray, logical: np.ndarray, zeroed: np.ndarray) -> Batch:
+    def _sample_prioritized(self, batch_size: int, rng: np.random.Generator, beta: float) -> Batch:
+        """Proportional draws from the sum-tree: O(batch_size log N), invalid leaves rejected and zeroed."""
+        tree, cap = self.tree, self.capacity
+        leaves = np.empty(batch_size, dtype=np.int64)
+        logical = np.empty(batch_size, dtype=np.int64)
+        zeroed = np.empty((batch_size, self.hist_len - 1), dtype=bool)
+        filled = 0
+        for attempt in range(_MAX_DRAW_ROUNDS):
+            if tree.total <= 0:
+                break
+            missing = batch_size - filled
+            # first round stratified over the whole batch; refills (rare) plain proportional
+            cand = tree.sample(missing, rng, stratified=attempt == 0)
+            positive = tree.get(np.minimum(cand, tree.size - 1)) > 0  # float rounding may reach a 0 or padding leaf
+            cand = cand[positive]
+            streams, positions = np.divmod(cand, cap)
+            ok, cand_logical, cand_zeroed = self._check(streams, positions)
+            if not ok.all():
+                tree.set(cand[~ok], 0.0)
+            take = np.flatnonzero(ok)[:missing]
+            stop = filled + len(take)
+            leaves[filled:stop] = cand[take]
+            logical[filled:stop] = cand_logical[take]
+            zeroed[filled:stop] = cand_zeroed[take]
+            filled = stop
+            if filled == batch_size:
+                break
+        if filled != batch_size:
+            raise ValueError(f"no valid transition with a positive priority among {len(self)} stored entries")
+        batch = self._gather(leaves // cap, logical, zeroed, self.n_step)
+        batch.weights = importance_weights(tree.get(leaves) / tree.total, beta)
+        return batch
+
+    def update_priorities(self, streams: np.ndarray, indices: np.ndarray, deltas: np.ndarray) -> None:
+        """After an update: the sampled transitions' priorities become (|clipped delta| + eps) ** alpha.
+
+        A leaf that is 0 by now (its entry was overwritten while the update ran, in overlap mode) stays 0."""
+        leaves = np.asarray(streams, dtype=np.int64) * self.capacity + np.asarray(indices, dtype=np.int64)
+        p = np.abs(np.asarray(deltas, dtype=np.float64)) + self.priority_eps
+        self.max_priority = max(self.max_priority, float(p.max()))
+        values = priorities(deltas, alpha=self.priority_alpha, eps=self.priority_eps)
+        self.tree.set(leaves, np.where(self.tree.get(leaves) > 0, values, 0.0))
+
+    def _gather(self, streams: np.ndarray, logical: np.ndarray, zeroed: np.ndarray, n_step: int = 1) -> Batch:
+        if n_step > 1:
+            return self._gather_n_step(streams, logical, zeroed, n_step)
         h, cap = self.hist_len, self.capacity
         # rows of frames j-h+1 .. j+1 in the (n_streams * capacity, *frame_shape) view: ONE gather
         # copies just the minibatch; s is the first h frames, s2 the last h
@@ -268,6 +365,55 @@ class ReplayMemory:
             streams=streams,
             next_action_masks=masks,
             indices=j,
+        )
+
+    def _n_step_returns(self, streams: np.ndarray, logical: np.ndarray, n_step: int):
+        """(k, R, terminal) per row: the count of rewards summed (1..n_step), their discounted sum
+        r_j + g r_{j+1} + ... + g^(k-1) r_{j+k-1}, and whether frame j+k is terminal. The sum stops
+        after reward j+i when entry j+i+1 ends its episode or is the newest entry of its stream."""
+        cap, g = self.capacity, self.discount
+        newest = self.written[streams] - 1
+        k = np.zeros(len(streams), dtype=np.int64)
+        ret = np.zeros(len(streams), dtype=np.float64)
+        open_ = np.ones(len(streams), dtype=bool)
+        for i in range(n_step):
+            reward = self.rewards[streams, (logical + i) % cap].astype(np.float64)
+            ret += np.where(open_, g ** i * reward, 0.0)
+            k += open_
+            nxt = logical + i + 1
+            open_ &= ~self.episode_end[streams, nxt % cap] & (nxt < newest)
+        end = (logical + k) % cap
+        return k, ret, self.terminal[streams, end]
+
+    def _gather_n_step(self, streams: np.ndarray, logical: np.ndarray, zeroed: np.ndarray, n_step: int) -> Batch:
+        """Like ``_gather``, with s2 = the stack ending at j+k and the n-step return (``_n_step_returns``).
+
+        s2's history reaches back at most to frame j-h+1+k; a frame at or before j-1 is padded exactly
+        when it is padded in s (no episode end lies in j..j+k-1), later frames never are."""
+        h, cap = self.hist_len, self.capacity
+        k, ret, terminal = self._n_step_returns(streams, logical, n_step)
+        offsets = np.arange(-h + 1, 1)
+        flat = self.frames.reshape(-1, *self.frame_shape)
+        states = flat[streams[:, None] * cap + (logical[:, None] + offsets) % cap]
+        next_states = flat[streams[:, None] * cap + ((logical + k)[:, None] + offsets) % cap]
+        if h > 1:
+            states[:, : h - 1][zeroed] = 0
+            column = k[:, None] + np.arange(h)  # s2 frame c is frame j-h+1+k+c = s's column k+c
+            padded = np.take_along_axis(zeroed, np.minimum(column, h - 2), axis=1) & (column <= h - 2)
+            next_states[padded] = 0
+        j, j_next = logical % cap, (logical + k) % cap
+        masks = None if self.action_masks is None else self.action_masks[streams, j_next]
+        discounts = np.where(terminal, 0.0, self.discount ** k).astype(np.float32)
+        return Batch(
+            states=states,
+            actions=self.actions[streams, j].astype(np.int64),
+            rewards=ret.astype(np.float32),
+            next_states=next_states,
+            terminals=terminal.astype(np.float32),
+            streams=streams,
+            next_action_masks=masks,
+            indices=j,
+            discounts=discounts,
         )
 
     # ------------------------------------------------------------------ checkpointing
@@ -290,6 +436,9 @@ class ReplayMemory:
         }
         if self.action_masks is not None:
             d["action_masks"] = self.action_masks
+        if self.tree is not None:
+            d["priority_tree"] = self.tree.nodes
+            d["max_priority"] = np.array([self.max_priority], dtype=np.float64)
         state = self.rng.bit_generator.state
         if state["bit_generator"] == "PCG64":
             words = [state["state"]["state"], state["state"]["inc"]]
@@ -305,17 +454,25 @@ class ReplayMemory:
                 raise ValueError(f"replay state has {key}={int(d[key])}, this memory has {getattr(self, key)}")
         if ("action_masks" in d) != (self.action_masks is not None):
             raise ValueError("replay state and this memory disagree on storing action masks")
+        if ("priority_tree" in d) != (self.tree is not None):
+            raise ValueError("replay state and this memory disagree on prioritized replay")
         names = ["frames", "actions", "rewards", "terminal", "episode_end", "written"]
         if self.action_masks is not None:
             names.append("action_masks")
+        targets = {name: getattr(self, name) for name in names}
+        if self.tree is not None:
+            names.append("priority_tree")
+            targets["priority_tree"] = self.tree.nodes
         for name in names:
-            src, dst = np.asarray(d[name]), getattr(self, name)
+            src, dst = np.asarray(d[name]), targets[name]
             if src.shape != dst.shape or src.dtype != dst.dtype:
                 raise ValueError(
                     f"replay state {name!r} is {src.dtype}{list(src.shape)}, expected {dst.dtype}{list(dst.shape)}"
                 )
         for name in names:
-            np.copyto(getattr(self, name), np.asarray(d[name]))
+            np.copyto(targets[name], np.asarray(d[name]))
+        if self.tree is not None:
+            self.max_priority = float(np.asarray(d["max_priority"]).reshape(-1)[0])
         if "rng_pcg64" in d:
             w = [int(x) for x in np.asarray(d["rng_pcg64"], dtype=np.int64).view(np.uint64)]
             self.rng = np.random.Generator(np.random.PCG64())

@@ -26,6 +26,7 @@ from madqn.learner import Learner
 from madqn.networks import build_q_network
 from madqn.overlap import BackgroundLearner
 from madqn.policy import ActingNetworks
+from madqn.prioritized import annealed_beta
 from madqn.replay import ReplayMemory
 from madqn.vecenv import make_envs
 
@@ -160,7 +161,7 @@ class Trainer:
             n_actions = int(env.action_space(agents[0]).n)
             n_indicator = len(self.agents) if (c.sharing == SHARED and c.agent_indicator) else 0
             network = build_q_network(tuple(obs_space.shape), n_actions, c.hist_len, n_indicator,
-                                      kind=c.network, hidden=tuple(c.mlp_hidden)).to(self.device)
+                                      kind=c.network, hidden=tuple(c.mlp_hidden), dueling=c.dueling).to(self.device)
             learner = Learner(network, lr=c.lr, lr_end=c.lr_end, lr_endt=c.lr_endt, learn_start=c.learn_start,
                               discount=c.discount, clip_delta=c.clip_delta, rescale_r=c.rescale_r, r_max=1.0,
                               weight_cost=c.wc, device=self.device, decay=c.rmsprop_decay, eps=c.rmsprop_eps,
@@ -169,7 +170,9 @@ class Trainer:
             replay = ReplayMemory(c.replay_memory, tuple(obs_space.shape), c.hist_len,
                                   n_streams=len(agents) * c.num_envs, frame_dtype=obs_space.dtype,
                                   n_actions=n_actions, store_action_masks=self.has_masks,
-                                  seed=int(self.rng.integers(2**31)))
+                                  seed=int(self.rng.integers(2**31)), n_step=c.n_step, discount=c.discount,
+                                  prioritized=c.prioritized, priority_alpha=c.priority_alpha,
+                                  priority_eps=c.priority_eps)
             ids = np.array([self.agents.index(a) for a in agents for _ in range(c.num_envs)], dtype=np.int64)
             groups.append(Group(name, list(agents), learner, replay, n_actions, ids))
         return groups
@@ -360,17 +363,23 @@ class Trainer:
         ``replay_lock``: held while sampling, in overlap mode)."""
         c = self.config
         step = self.step if step is None else step
+        beta = annealed_beta(step, beta_start=c.priority_beta, learn_start=c.learn_start, steps=c.steps)
         for g in self.groups:
             with replay_lock if replay_lock is not None else nullcontext():
-                batch = g.replay.sample(c.minibatch_size)
+                batch = g.replay.sample(c.minibatch_size, beta=beta)
             to = self._to_device
             states, next_states = self._state_stacks(batch)
             stats = g.learner.update(
                 states, to(batch.actions), to(batch.rewards), next_states,
                 to(batch.terminals), agent_ids=to(g.stream_agent_ids[batch.streams]),
                 next_action_masks=None if batch.next_action_masks is None else to(batch.next_action_masks),
-                step=step)
-            stats.pop("delta")
+                step=step, discounts=None if batch.discounts is None else to(batch.discounts),
+                weights=None if batch.weights is None else to(batch.weights))
+            delta = stats.pop("delta")
+            if g.replay.tree is not None:  # prioritized replay: the new |clipped delta| of each sampled transition
+                deltas = delta.float().cpu().numpy()
+                with replay_lock if replay_lock is not None else nullcontext():
+                    g.replay.update_priorities(batch.streams, batch.indices, deltas)
             g.updates += 1
             g.stats.append(stats)
 
