@@ -1,0 +1,372 @@
+"""The switchable extensions beyond DQN3.0, each against an independent computation written out here:
+Double DQN targets and per-row discounts, the importance-weighted injected gradient, Adam, dueling
+heads, n-step returns on a golden replay table, and the prioritized replay's sum-tree."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2
+
+from madqn.learner import Learner, build_optimizer, q_targets
+from madqn.networks import DQN3ConvNet, DuelingHead, MLPQNetwork, build_q_network
+from madqn.prioritized import SumTree, annealed_beta, importance_weights
+from madqn.replay import ReplayMemory
+
+torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------- Double DQN and per-row discounts
+
+Q_ALL = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [0.5, 0.5, 0.5], [1.0, 1.0, 1.0]])
+ACTIONS = torch.tensor([2, 0, 1, 0])
+REWARDS = torch.tensor([1.0, 0.0, -1.0, 0.5])
+TERMINALS = torch.tensor([0.0, 0.0, 0.0, 1.0])
+Q2_TARGET = torch.tensor([[10.0, 20.0, 30.0], [5.0, 1.0, 2.0], [3.0, 4.0, 8.0], [7.0, 7.0, 7.0]])
+Q2_ONLINE = torch.tensor([[9.0, 1.0, 0.0], [0.0, 3.0, 1.0], [1.0, 9.0, 2.0], [0.0, 0.0, 1.0]])
+# row 1: action 1 illegal at s2; row 2: no legal action at s2
+MASK = torch.tensor([[True, True, True], [True, False, True], [False, False, False], [True, True, True]])
+DISCOUNTS = torch.tensor([0.5, 0.9, 0.99, 0.9])
+
+
+def test_double_targets_with_masks_and_per_row_discounts_hand_computed():
+    # online argmax over legal actions -> target value:
+    # row 0: argmax(9, 1, 0) = 0 -> 10;  delta = 1 + 0.5*10 - Q[0,2]=3 = 3 -> clip 2
+    # row 1: legal {0, 2}: argmax(0, 1) = 2 -> 2 (the illegal action 1 has the online max 3); delta = 0 + 0.9*2 - 0 = 1.8
+    # row 2: no legal action -> 0;     delta = -1 + 0 - Q[2,1]=0.5 = -1.5
+    # row 3: argmax = 2 -> 7, terminal; delta = 0.5 - Q[3,0]=1 = -0.5
+    targets, delta, q2 = q_targets(Q_ALL, Q2_TARGET, ACTIONS, REWARDS, TERMINALS, discount=DISCOUNTS,
+                                   clip_delta=2.0, next_action_mask=MASK, q2_online=Q2_ONLINE)
+    torch.testing.assert_close(delta, torch.tensor([2.0, 1.8, -1.5, -0.5]))
+    torch.testing.assert_close(q2, torch.tensor([10.0, 2.0, 0.0, 7.0]))
+    torch.testing.assert_close(targets, torch.tensor([[0, 0, 2.0], [1.8, 0, 0], [0, -1.5, 0], [-0.5, 0, 0]]))
+
+
+def test_plain_targets_with_masks_and_per_row_discounts_hand_computed():
+    # max of the target net over legal actions: 30, 5 (not the illegal... 1), 0 (none legal), 7
+    # row 0: 1 + 0.5*30 - 3 = 13 -> 2; row 1: 0 + 0.9*5 - 0 = 4.5 -> 2; row 2: -1.5; row 3: -0.5
+    _, delta, q2 = q_targets(Q_ALL, Q2_TARGET, ACTIONS, REWARDS, TERMINALS, discount=DISCOUNTS,
+                             clip_delta=2.0, next_action_mask=MASK)
+    torch.testing.assert_close(delta, torch.tensor([2.0, 2.0, -1.5, -0.5]))
+    torch.testing.assert_close(q2, torch.tensor([30.0, 5.0, 0.0, 7.0]))
+    # without clipping: per-row discounts are used row by row
+    _, delta, _ = q_targets(Q_ALL, Q2_TARGET, ACTIONS, REWARDS, TERMINALS, discount=DISCOUNTS,
+                            clip_delta=0.0, next_action_mask=MASK)
+    torch.testing.assert_close(delta, torch.tensor([13.0, 4.5, -1.5, -0.5]))
+
+
+def test_double_without_mask_and_tensor_discount_equal_to_float():
+    # no mask: row 2's online argmax is 1 -> target value 4; delta = -1 + 0.5*4 - 0.5 = 0.5
+    _, delta, q2 = q_targets(Q_ALL, Q2_TARGET, ACTIONS, REWARDS, TERMINALS, discount=torch.full((4,), 0.5),
+                             clip_delta=0.0, q2_online=Q2_ONLINE)
+    torch.testing.assert_close(q2, torch.tensor([10.0, 1.0, 4.0, 7.0]))
+    torch.testing.assert_close(delta, torch.tensor([3.0, 0.5, 0.5, -0.5]))
+    _, delta_float, _ = q_targets(Q_ALL, Q2_TARGET, ACTIONS, REWARDS, TERMINALS, discount=0.5,
+                                  clip_delta=0.0, q2_online=Q2_ONLINE)
+    assert torch.equal(delta, delta_float)
+
+
+def _mlp(seed):
+    torch.manual_seed(seed)
+    return MLPQNetwork(obs_dim=3, n_actions=3, hidden=(5,))
+
+
+def _learner(net, **kw):
+    args = dict(lr=0.0, lr_end=0.0, lr_endt=100, learn_start=0, discount=0.9, clip_delta=1.0, rescale_r=False,
+                r_max=1.0, weight_cost=0.0, device="cpu")
+    args.update(kw)
+    return Learner(net, **args)
+
+
+def _batch(seed=3, b=6):
+    g = torch.Generator().manual_seed(seed)
+    s, s2 = torch.randn(b, 1, 3, generator=g), torch.randn(b, 1, 3, generator=g)
+    a = torch.randint(0, 3, (b,), generator=g)
+    r = torch.tensor([2.0, -2.0, 0.05, 0.0, -0.1, 1.5])
+    term = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    return s, a, r, s2, term
+
+
+def test_learner_double_weights_and_discounts_gradient_independent():
+    """.grad after one update (lr 0) == -sum_i w_i clip(delta_i) dQ(s_i, a_i)/dw, with Double DQN's
+    y_i = r_i + g_i (1 - term_i) Q_target(s2_i, argmax_a Q_online(s2_i, a)), one sample at a time."""
+    s, a, r, s2, term = _batch()
+    online, target = _mlp(0), _mlp(1)
+    disc = torch.tensor([0.9, 0.5, 0.81, 0.0, 0.729, 0.9])
+    weights = torch.tensor([1.0, 0.5, 0.25, 1.0, 0.75, 0.1])
+    params = list(online.parameters())
+    expected = [torch.zeros_like(p) for p in params]
+    deltas = []
+    for i in range(6):
+        with torch.no_grad():
+            a2 = int(online(s2[i : i + 1]).argmax())
+            y = r[i] + disc[i] * (1 - term[i]) * target(s2[i : i + 1])[0, a2]
+        q = online(s[i : i + 1])[0, a[i]]
+        d = float((y - q.detach()).clamp(-1, 1))
+        deltas.append(d)
+        for acc, gr in zip(expected, torch.autograd.grad(q, params)):
+            acc -= weights[i] * d * gr
+    # the online and the target argmax differ somewhere, so Double DQN is really exercised
+    with torch.no_grad():
+        assert (online(s2).argmax(1) != target(s2).argmax(1)).any()
+    learner = _learner(copy.deepcopy(online), double=True)
+    learner.target_network.load_state_dict(target.state_dict())
+    stats = learner.update(s, a, r, s2, term, discounts=disc, weights=weights)
+    torch.testing.assert_close(stats["delta"], torch.tensor(deltas))
+    for p, e in zip(learner.online_network.parameters(), expected):
+        torch.testing.assert_close(p.grad, e)
+
+
+def test_adam_is_torch_adam_with_adam_eps_one_step_hand_computed():
+    assert type(build_optimizer([torch.nn.Parameter(torch.zeros(1))], "adam", lr=1e-3)) is torch.optim.Adam
+    s, a, r, s2, term = _batch()
+    learner = _learner(_mlp(0), optimizer="adam", adam_eps=1e-3, lr=0.01, lr_end=0.01)
+    assert isinstance(learner.optimizer, torch.optim.Adam)
+    assert learner.optimizer.param_groups[0]["eps"] == 1e-3
+    before = [p.detach().clone() for p in learner.online_network.parameters()]
+    learner.update(s, a, r, s2, term)
+    # Adam's first step: m_hat = g, v_hat = g^2, so w -= lr * g / (|g| + eps)
+    for p, w0 in zip(learner.online_network.parameters(), before):
+        g = p.grad
+        torch.testing.assert_close(p.detach(), w0 - 0.01 * g / (g.abs() + 1e-3))
+
+
+# ---------------------------------------------------------------- dueling heads
+
+def _count(net):
+    return sum(p.numel() for p in net.parameters())
+
+
+def test_dueling_conv_shape_and_parameter_count():
+    # conv stack 8,224 + 32,832 + 36,928 = 77,984; two streams 2 * (3136*512 + 512) = 3,212,288;
+    # V: 512 + 1 = 513; A: 512*6 + 6 = 3,078  ->  3,293,863 (DQN3.0's net: 1,687,206)
+    net = DQN3ConvNet(n_actions=6, dueling=True)
+    assert _count(net) == 77_984 + 3_212_288 + 513 + 3_078 == 3_293_863
+    frames = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    assert net(frames).shape == (5, 6)
+    shared = DQN3ConvNet(n_actions=6, n_agents=2, dueling=True)
+    assert _count(shared) == 3_293_863 + 2 * 8 * 8 * 32  # the agent-indicator planes of conv1
+    q = shared(frames, torch.tensor([0, 1, 0, 1, 1]))
+    assert q.shape == (5, 6)
+
+
+def test_dueling_q_is_v_plus_a_minus_mean_a_and_flat_for_equal_advantages():
+    torch.manual_seed(0)
+    net = DQN3ConvNet(n_actions=4, hist_len=2, frame_size=36, dueling=True)
+    frames = torch.randint(0, 256, (3, 2, 36, 36), dtype=torch.uint8)
+    with torch.no_grad():
+        h = frames / 255.0
+        for conv in (net.conv1, net.conv2, net.conv3):
+            h = torch.relu(conv(h))
+        h = h.flatten(1)
+        v = net.head.value[2](torch.relu(net.head.value[0](h)))
+        adv = net.head.advantage[2](torch.relu(net.head.advantage[0](h)))
+        torch.testing.assert_close(net(frames), v + adv - adv.mean(1, keepdim=True))
+        # equal advantages (identical output rows of the A stream): Q(s, a) = V(s) for every a
+        last = net.head.advantage[2]
+        last.weight.copy_(last.weight[0].expand_as(last.weight))
+        last.bias.fill_(0.3)
+        q = net(frames)
+    torch.testing.assert_close(q, v.expand(-1, 4))
+
+
+def test_dueling_mlp_splits_the_last_hidden_layer():
+    # torso Linear(5, 64) = 384; streams 2 * (64*64 + 64) = 8,320; V 65; A 64*3 + 3 = 195
+    net = MLPQNetwork(obs_dim=5, n_actions=3, hidden=(64, 64), dueling=True)
+    assert _count(net) == 384 + 8_320 + 65 + 195
+    assert isinstance(net.layers[-1], DuelingHead)
+    one = build_q_network((5,), n_actions=3, hist_len=2, n_agents=2, hidden=(16,), dueling=True)
+    assert _count(one) == 2 * ((10 + 2) * 16 + 16) + 17 + 16 * 3 + 3
+    assert one(torch.randn(4, 2, 5), torch.tensor([0, 1, 1, 0])).shape == (4, 3)
+    with pytest.raises(ValueError, match="hidden layer"):
+        MLPQNetwork(obs_dim=5, n_actions=3, hidden=(), dueling=True)
+
+
+# ---------------------------------------------------------------- n-step returns: golden replay table
+
+G = 0.5
+# stream 0: capacity 12, 16 entries written (logical 0..15), so entries 4..15 are stored (wrapped).
+# logical entry: reward, flags.  10 = terminal final frame, 13 = truncated final frame, 15 = newest.
+S0_REWARDS = {4: 1, 5: 2, 6: 4, 7: 8, 8: 16, 9: 32, 10: 0, 11: 1, 12: 2, 13: 0, 14: 4, 15: 8}
+# stream 1: 5 entries, no wrap, no episode end; 4 is the newest
+S1_REWARDS = {0: 3, 1: 5, 2: 7, 3: 9, 4: 0}
+
+# (stream, logical j): (s frames, R, k, s2 frames, terminal, discount); frame value = 100*(stream+1) + j,
+# 0 = zero padding.  Transitions 4 and 5 of stream 0 are not sampleable: their histories reach the
+# overwritten entries 2, 3.  N = 3, hist_len = 3.
+GOLDEN = {
+    (0, 6): ([104, 105, 106], 4 + G * 8 + G**2 * 16, 3, [107, 108, 109], 0, G**3),
+    (0, 7): ([105, 106, 107], 8 + G * 16 + G**2 * 32, 3, [108, 109, 110], 1, 0.0),  # 3 rewards, then terminal
+    (0, 8): ([106, 107, 108], 16 + G * 32, 2, [108, 109, 110], 1, 0.0),  # stops at the terminal
+    (0, 9): ([107, 108, 109], 32, 1, [108, 109, 110], 1, 0.0),
+    (0, 11): ([0, 0, 111], 1 + G * 2, 2, [111, 112, 113], 0, G**2),  # truncation: bootstrap from 13
+    (0, 12): ([0, 111, 112], 2, 1, [111, 112, 113], 0, G),
+    (0, 14): ([0, 0, 114], 4, 1, [0, 114, 115], 0, G),  # stops at the write cursor (15 is the newest)
+    (1, 0): ([0, 0, 200], 3 + G * 5 + G**2 * 7, 3, [201, 202, 203], 0, G**3),
+    (1, 1): ([0, 200, 201], 5 + G * 7 + G**2 * 9, 3, [202, 203, 204], 0, G**3),
+    (1, 2): ([200, 201, 202], 7 + G * 9, 2, [202, 203, 204], 0, G**2),
+    (1, 3): ([201, 202, 203], 9, 1, [202, 203, 204], 0, G),
+}
+
+
+def _golden_memory(prioritized=False):
+    mem = ReplayMemory(12, (1,), 3, n_streams=2, frame_dtype=np.int32, seed=0, n_step=3, discount=G,
+                       prioritized=prioritized)
+    for j in range(16):
+        r = S0_REWARDS.get(j, 1)
+        mem.add(0, [100 + j], j % 3, r, terminal=j == 10, episode_end=j in (10, 13))
+    for j in range(5):
+        mem.add(1, [200 + j], j % 3, S1_REWARDS[j], terminal=False, episode_end=False)
+    return mem
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_n_step_golden_table(prioritized):
+    mem = _golden_memory(prioritized)
+    batch = mem.sample(3000)
+    seen = set()
+    for i in range(len(batch.actions)):
+        stream, pos = int(batch.streams[i]), int(batch.indices[i])
+        logical = pos + 12 if stream == 0 and pos < 4 else pos  # stream 0 wrapped: positions 0..3 hold 12..15
+        s, ret, k, s2, term, disc = GOLDEN[(stream, logical)]
+        seen.add((stream, logical))
+        assert batch.states[i, :, 0].tolist() == s
+        assert batch.next_states[i, :, 0].tolist() == s2
+        assert batch.rewards[i] == pytest.approx(ret)
+        assert batch.terminals[i] == term
+        assert batch.discounts[i] == pytest.approx(disc)
+        assert batch.actions[i] == logical % 3
+    assert seen == set(GOLDEN)
+
+
+def test_n_step_one_is_dqn3_and_validation_draws_are_one_step():
+    mem = _golden_memory()
+    batch = mem.sample(500, dqn3=True)
+    assert batch.discounts is None and batch.weights is None
+    for i in range(len(batch.actions)):
+        stream, pos = int(batch.streams[i]), int(batch.indices[i])
+        logical = pos + 12 if stream == 0 and pos < 4 else pos
+        rewards = S0_REWARDS if stream == 0 else S1_REWARDS
+        assert batch.rewards[i] == rewards[logical]
+        assert batch.next_states[i, -1, 0] == 100 * (stream + 1) + logical + 1
+
+
+# ---------------------------------------------------------------- sum-tree and prioritized replay
+
+def test_sum_tree_sampled_frequencies_match_priorities_chi_square():
+    priorities = np.array([1.0, 0.0, 2.0, 3.0, 0.5, 0.0, 4.0, 1.5, 2.5, 0.25, 6.0])  # 11 leaves: padded to 16
+    tree = SumTree(len(priorities))
+    tree.set(np.arange(len(priorities)), priorities)
+    assert tree.total == pytest.approx(priorities.sum())
+    rng = np.random.default_rng(0)
+    for stratified in (False, True):
+        leaves = np.concatenate([tree.sample(64, rng, stratified=stratified) for _ in range(1000)])
+        counts = np.bincount(leaves, minlength=tree.size)
+        assert counts[len(priorities):].sum() == 0 and counts[1] == counts[5] == 0  # padding, zero priority
+        positive = priorities > 0
+        expected = len(leaves) * priorities[positive] / priorities.sum()
+        stat = ((counts[: len(priorities)][positive] - expected) ** 2 / expected).sum()
+        assert stat < chi2.ppf(0.999, positive.sum() - 1), (stratified, stat)
+    # and a wrong distribution is detected: uniform counts fail the same test
+    uniform = np.full(positive.sum(), len(leaves) / positive.sum())
+    assert ((uniform - expected) ** 2 / expected).sum() > chi2.ppf(0.999, positive.sum() - 1)
+
+
+def test_sum_tree_update_after_a_sample_changes_only_that_leafs_path():
+    tree = SumTree(13)
+    tree.set(np.arange(13), np.arange(1, 14, dtype=float))
+    leaf = int(tree.sample(1, np.random.default_rng(1))[0])
+    before = tree.nodes.copy()
+    tree.set([leaf], [100.0])
+    path, k = set(), tree.size + leaf
+    while k >= 1:
+        path.add(k)
+        k //= 2
+    changed = set(np.flatnonzero(tree.nodes != before).tolist())
+    assert changed == path
+    # each sum on the path equals the sum of the leaves below it, recomputed from scratch
+    leaves = tree.nodes[tree.size:].astype(np.float64)
+    for node in path:
+        lo, hi = node, node + 1
+        while lo < tree.size:
+            lo, hi = 2 * lo, 2 * hi
+        assert tree.nodes[node] == pytest.approx(leaves[lo - tree.size: hi - tree.size].sum())
+    tree.set_one(leaf, 7.0)  # the scalar path gives the same tree as the vector one
+    other = SumTree(13)
+    other.set(np.arange(13), np.arange(1, 14, dtype=float))
+    other.set([leaf], [7.0])
+    assert np.array_equal(tree.nodes, other.nodes)
+
+
+def test_importance_weights_and_beta_hand_computed():
+    # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (P_i / min P)^-beta
+    w = importance_weights(np.array([0.1, 0.2, 0.4, 0.1]), beta=0.5)
+    np.testing.assert_allclose(w, [1.0, 2 ** -0.5, 0.5, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(importance_weights(np.array([0.3, 0.6]), beta=1.0), [1.0, 0.5], rtol=1e-6)
+    assert annealed_beta(0, beta_start=0.4, learn_start=100, steps=1100) == 0.4
+    assert annealed_beta(100, beta_start=0.4, learn_start=100, steps=1100) == 0.4
+    assert annealed_beta(600, beta_start=0.4, learn_start=100, steps=1100) == pytest.approx(0.7)
+    assert annealed_beta(1100, beta_start=0.4, learn_start=100, steps=1100) == 1.0
+    assert annealed_beta(5000, beta_start=0.4, learn_start=100, steps=1100) == 1.0
+
+
+def _chain(mem, stream, n, start=0):
+    for j in range(n):
+        mem.add(stream, [start + j], 0, 0.0, terminal=False, episode_end=False)
+
+
+def test_prioritized_memory_priorities_weights_and_max_priority_hand_computed():
+    mem = ReplayMemory(8, (1,), 1, n_streams=2, frame_dtype=np.int32, seed=0, prioritized=True,
+                       priority_alpha=0.5, priority_eps=0.01)
+    _chain(mem, 0, 4)  # transitions 0, 1, 2 complete (max priority 1), 3 waits for its successor
+    _chain(mem, 1, 2, 10)  # transition 0 of stream 1 complete
+    leaf = lambda s, j: s * 8 + j  # noqa: E731
+    np.testing.assert_array_equal(mem.tree.get([leaf(0, 0), leaf(0, 1), leaf(0, 2), leaf(0, 3), leaf(1, 0), leaf(1, 1)]),
+                                  [1, 1, 1, 0, 1, 0])
+    # |clipped delta| + eps, ** alpha: (0.49 + 0.01) ** 0.5, (1.99 + .01) ** .5, (0 + .01) ** .5, (0.24 + .01) ** .5
+    mem.update_priorities(np.array([0, 0, 0, 1]), np.array([0, 1, 2, 0]), np.array([0.49, -1.99, 0.0, 0.24]))
+    p = np.array([0.5 ** 0.5, 2 ** 0.5, 0.1, 0.5])
+    np.testing.assert_allclose(mem.tree.get([leaf(0, 0), leaf(0, 1), leaf(0, 2), leaf(1, 0)]), p, rtol=1e-6)
+    assert mem.max_priority == pytest.approx(2.0)
+    mem.add(0, [4], 0, 0.0, False, False)  # completes transition 3: the largest priority so far, 2 ** 0.5
+    assert mem.tree.get([leaf(0, 3)])[0] == pytest.approx(2 ** 0.5)
+    p = np.append(p, 2 ** 0.5)  # leaves (0,0) (0,1) (0,2) (1,0) (0,3)
+    batch = mem.sample(4000, beta=0.5)
+    keys = batch.streams * 8 + batch.indices
+    order = [leaf(0, 0), leaf(0, 1), leaf(0, 2), leaf(1, 0), leaf(0, 3)]
+    freq = np.array([(keys == k).mean() for k in order])
+    np.testing.assert_allclose(freq, p / p.sum(), atol=0.02)
+    # importance weights: (P_i / min_batch P)^-0.5, min P = 0.1 / sum -> (p_i / 0.1) ** -0.5
+    expected = {k: (pk / 0.1) ** -0.5 for k, pk in zip(order, p)}
+    np.testing.assert_allclose(batch.weights, [expected[k] for k in keys], rtol=1e-5)
+
+
+def test_prioritized_sampling_only_valid_transitions_and_state_round_trip():
+    mem = ReplayMemory(20, (1,), 3, n_streams=2, frame_dtype=np.int32, seed=3, prioritized=True, n_step=2)
+    rng = np.random.default_rng(0)
+    for t in range(75):
+        for s in range(2):
+            end = rng.random() < 0.15
+            mem.add(s, [t * 10 + s], int(rng.integers(3)), float(rng.integers(-1, 2)), end and rng.random() < 0.5, end)
+        if t % 5 == 4:
+            b = mem.sample(16)
+            mem.update_priorities(b.streams, b.indices, rng.normal(size=16))
+    valid = set(zip(*mem.valid_indices()))
+    batch = mem.sample(2000)
+    assert set(zip(batch.streams.tolist(), batch.indices.tolist())) <= valid
+    state = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in mem.state_dict().items()}
+    restored = ReplayMemory(20, (1,), 3, n_streams=2, frame_dtype=np.int32, seed=99, prioritized=True, n_step=2)
+    restored.load_state_dict(state)
+    assert np.array_equal(restored.tree.nodes, mem.tree.nodes) and restored.max_priority == mem.max_priority
+    a, b = mem.sample(32, beta=0.7), restored.sample(32, beta=0.7)
+    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.weights, b.weights)
+    with pytest.raises(ValueError, match="prioritized"):
+        ReplayMemory(20, (1,), 3, n_streams=2, frame_dtype=np.int32).load_state_dict(state)
+
+
+def test_prioritized_memory_costs_at_most_16_bytes_per_transition():
+    for capacity, streams in ((1000, 3), (1024, 2), (5000, 1)):
+        plain = ReplayMemory(capacity, (84, 84), 4, n_streams=streams)
+        prio = ReplayMemory(capacity, (84, 84), 4, n_streams=streams, prioritized=True)
+        assert 0 < (prio.nbytes - plain.nbytes) / (capacity * streams) <= 16
