@@ -114,8 +114,11 @@ class Config:
     prioritized: bool = _f(False, "proportional prioritized replay (Schaul et al. 2016): sample by (|clipped delta| + "
                            "priority_eps) ** priority_alpha, importance weights scale the delta")
     priority_alpha: float = _f(0.6, "prioritized replay: priority exponent alpha (0 = uniform)", min=0.0, max=1.0)
-    priority_beta: float = _f(0.4, "prioritized replay: importance-sampling exponent at learn_start, annealed linearly "
-                              "to 1 at the last step", min=0.0, max=1.0)
+    priority_beta: float = _f(0.4, "prioritized replay: importance-sampling exponent beta at learn_start, annealed "
+                              "linearly to 1", min=0.0, max=1.0)
+    priority_beta_endt: int = _f(0, "prioritized replay: beta reaches 1 this many agent steps after learn_start (0 = at "
+                                 "the last step of the run, so a resume with a new 'steps' changes the schedule) "
+                                 "[agent steps]", min=0)
     priority_eps: float = _f(1e-6, "prioritized replay: added to |clipped delta| so that no transition gets priority 0",
                              min=0.0)
     precision: str = _f("fp32", "learner arithmetic: 'fp32' (DQN3.0), 'bf16' (autocast forwards and backward; weights, targets and optimizer stay fp32), 'auto' (bf16 where the CPU/GPU supports it natively)",

@@ -88,12 +88,11 @@ def importance_weights(probabilities: np.ndarray, beta: float) -> np.ndarray:
     return ((p / p.min()) ** -beta).astype(np.float32)
 
 
-def annealed_beta(step: int, *, beta_start: float, learn_start: int, steps: int) -> float:
-    """beta rises linearly from ``beta_start`` at learn_start to 1 at the run's last step [agent steps]."""
-    span = steps - learn_start
-    if span <= 0:
+def annealed_beta(step: int, *, beta_start: float, learn_start: int, anneal_steps: int) -> float:
+    """beta rises linearly from ``beta_start`` at learn_start to 1 ``anneal_steps`` later [agent steps]."""
+    if anneal_steps <= 0:
         return 1.0
-    frac = min(1.0, max(0, step - learn_start) / span)
+    frac = min(1.0, max(0, step - learn_start) / anneal_steps)
     return beta_start + (1.0 - beta_start) * frac
 
 

@@ -363,7 +363,8 @@ class Trainer:
         ``replay_lock``: held while sampling, in overlap mode)."""
         c = self.config
         step = self.step if step is None else step
-        beta = annealed_beta(step, beta_start=c.priority_beta, learn_start=c.learn_start, steps=c.steps)
+        beta = annealed_beta(step, beta_start=c.priority_beta, learn_start=c.learn_start,
+                             anneal_steps=c.priority_beta_endt or c.steps - c.learn_start)
         for g in self.groups:
             with replay_lock if replay_lock is not None else nullcontext():
                 batch = g.replay.sample(c.minibatch_size, beta=beta)

@@ -304,11 +304,11 @@ def test_importance_weights_and_beta_hand_computed():
     w = importance_weights(np.array([0.1, 0.2, 0.4, 0.1]), beta=0.5)
     np.testing.assert_allclose(w, [1.0, 2 ** -0.5, 0.5, 1.0], rtol=1e-6)
     np.testing.assert_allclose(importance_weights(np.array([0.3, 0.6]), beta=1.0), [1.0, 0.5], rtol=1e-6)
-    assert annealed_beta(0, beta_start=0.4, learn_start=100, steps=1100) == 0.4
-    assert annealed_beta(100, beta_start=0.4, learn_start=100, steps=1100) == 0.4
-    assert annealed_beta(600, beta_start=0.4, learn_start=100, steps=1100) == pytest.approx(0.7)
-    assert annealed_beta(1100, beta_start=0.4, learn_start=100, steps=1100) == 1.0
-    assert annealed_beta(5000, beta_start=0.4, learn_start=100, steps=1100) == 1.0
+    assert annealed_beta(0, beta_start=0.4, learn_start=100, anneal_steps=1000) == 0.4
+    assert annealed_beta(100, beta_start=0.4, learn_start=100, anneal_steps=1000) == 0.4
+    assert annealed_beta(600, beta_start=0.4, learn_start=100, anneal_steps=1000) == pytest.approx(0.7)
+    assert annealed_beta(1100, beta_start=0.4, learn_start=100, anneal_steps=1000) == 1.0
+    assert annealed_beta(5000, beta_start=0.4, learn_start=100, anneal_steps=1000) == 1.0
 
 
 def _chain(mem, stream, n, start=0):

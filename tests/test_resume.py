@@ -291,3 +291,31 @@ def test_resume_allows_safe_changes(finished_run, tmp_path):
     assert latest(run)["config"]["prog_freq"] == 20
     with pytest.raises(ConfigError, match="cannot change 'lr'"):
         madqn.train(resume=run, steps=200, lr=0.1, handle_signals=False)
+
+
+def test_resume_with_prioritized_n_step_replay_equals_uninterrupted_run(tmp_path):
+    """As above with every extension on (prioritized replay, 3-step returns, Double DQN, dueling, Adam):
+    the priorities travel in replay.pt, and the resumed run equals the uninterrupted one. beta's schedule is
+    fixed by priority_beta_endt (by default it ends at the last step, which the resume moves)."""
+    common = dict(sharing="shared", save_replay=True, seed=6, num_threads=1, minibatch_size=8,
+                  handle_signals=False, prioritized=True, n_step=3, double=True, dueling=True, optimizer="adam",
+                  lr=6.25e-5, lr_end=6.25e-5, priority_beta_endt=400)
+    madqn.train("pong_v3", SMOKE, run_dir=tmp_path / "split", steps=230, **common)
+    resumed = madqn.train(resume=tmp_path / "split", steps=300, handle_signals=False)
+    whole = madqn.train("pong_v3", SMOKE, run_dir=tmp_path / "whole", steps=300, **common)
+    assert resumed.resumed_from == 230 and resumed.updates == whole.updates == {"shared": 50}
+    a, b = latest(tmp_path / "split"), latest(tmp_path / "whole")
+    for name in ("shared",):
+        la, lb = a["groups"][name]["learner"], b["groups"][name]["learner"]
+        assert any("head.value" in k for k in la["online"])
+        for net in ("online", "target"):
+            for k in la[net]:
+                assert torch.equal(la[net][k], lb[net][k]), f"{name} {net}.{k}"
+        for pa, pb in zip(la["optimizer"]["state"].values(), lb["optimizer"]["state"].values()):
+            assert torch.equal(pa["exp_avg"], pb["exp_avg"]) and torch.equal(pa["exp_avg_sq"], pb["exp_avg_sq"])
+        ra = safe_load(tmp_path / "split" / "checkpoints" / "replay.pt", kind=REPLAY_KIND)["groups"][name]
+        rb = safe_load(tmp_path / "whole" / "checkpoints" / "replay.pt", kind=REPLAY_KIND)["groups"][name]
+        for k in ("actions", "frames", "rewards", "terminal", "episode_end", "written", "priority_tree", "max_priority"):
+            assert torch.equal(ra[k], rb[k]), k
+        leaves = ra["priority_tree"][ra["priority_tree"].numel() // 2:]
+        assert len(set(leaves[leaves > 0].tolist())) > 10  # updated priorities, not only the initial max
