@@ -16,6 +16,8 @@ machine was too noisy: the row shows "noisy" instead of a ratio and a pass/MISS.
   and threads (float input ready, target forward, Huber loss, backward, ``torch.optim.RMSprop``), and
   its achieved GFLOP/s as a fraction of the peak; the bare update also in bf16 and channels_last;
 - replay: allocated bytes per transition per agent vs one 84x84 frame, and minibatch sampling time;
+- extensions beyond DQN3.0 (Double, dueling, n-step, prioritized, Adam, all five): the update time of
+  each vs the DQN3.0 update, prioritized sampling vs an update, the sum-tree's bytes per transition;
 - acting: time to choose the actions of all agents of one env step, independent vs shared, and
   shared under bf16 autocast;
 - end-to-end: agent steps/s of a pong_v3 training run (learning on, epsilon 0.1) vs the bound
@@ -430,6 +432,79 @@ def bench_replay_bytes() -> Row:
                "limit: one 84x84 uint8 frame; + action, reward, 2 flags")
 
 
+# ---- beyond DQN3.0: cost of each switchable extension -------------------------------------------------
+
+EXTENSIONS = {  # row name -> config overrides (each off by default)
+    "double": {"double": True},
+    "dueling": {"dueling": True},
+    "n_step 3": {"n_step": 3},
+    "prioritized": {"prioritized": True},
+    "adam": {"optimizer": "adam"},
+    "rainbow_lite (all five)": {"double": True, "dueling": True, "n_step": 3, "prioritized": True, "optimizer": "adam"},
+}
+
+
+def _extension_trainer(source, overrides: dict, device: str):
+    """A Trainer with ``overrides`` whose replay holds the same entries as ``source``'s (no learning yet)."""
+    from madqn.runner import Trainer
+
+    trainer = Trainer(source.config.replace(device=device, **overrides))
+    for src, dst in zip(source.groups, trainer.groups):
+        for stream in range(src.replay.n_streams):
+            for n in range(int(src.replay.written[stream])):
+                pos = n % src.replay.capacity
+                r = src.replay
+                dst.replay.add(stream, r.frames[stream, pos], int(r.actions[stream, pos]), float(r.rewards[stream, pos]),
+                               bool(r.terminal[stream, pos]), bool(r.episode_end[stream, pos]))
+    trainer.groups = trainer.groups[:1]  # time one learner's round
+    return trainer
+
+
+def extensions_section(device: str, n: int) -> Section:
+    """One Trainer.learn with each extension on vs the DQN3.0 one (same replay contents, one learner),
+    and a prioritized draw (sample + priority update) vs the DQN3.0 update."""
+    sync = _sync(device)
+    base = _filled_trainer("independent", device)
+    base.groups = base.groups[:1]
+    variants = {name: _extension_trainer(base, o, device) for name, o in EXTENSIONS.items()}
+    key = f"ext[{device}]"
+    probes = {f"{key}/dqn3": lambda: rate(base.learn, n, sync)}
+    probes.update({f"{key}/{name}": (lambda t=t: rate(t.learn, n, sync)) for name, t in variants.items()})
+    replay = variants["prioritized"].groups[0].replay
+    rng = np.random.default_rng(0)
+
+    def prioritized_draw() -> None:
+        batch = replay.sample(32, beta=0.5)
+        replay.update_priorities(batch.streams, batch.indices, rng.random(32))
+
+    probes[f"{key}/prioritized-draw"] = lambda: rate(prioritized_draw, 20 * n)
+    uniform_ms = 1e3 / rate(lambda: base.groups[0].replay.sample(32), 200)
+
+    def rows(t: Timings) -> list[Row]:
+        out = []
+        for name in EXTENSIONS:
+            expect = " (one more forward of the four an update costs: ~1.25)" if name == "double" else ""
+            out.append(compared(t, f"extension [{device}]: {name}, one update", f"{key}/{name}", f"{key}/dqn3", "ms",
+                                inverse=True, note=f"limit: the DQN3.0 update, same replay{expect}"))
+        out.append(compared(t, f"extension [{device}]: prioritized sample(32) + priority update",
+                            f"{key}/prioritized-draw", f"{key}/dqn3", "ms", inverse=True, target="< 0.05 x limit",
+                            check=lambda ratio: ratio < 0.05,
+                            note=f"limit: a DQN3.0 update; a uniform sample(32) takes {uniform_ms:.3g} ms"))
+        return out
+
+    return Section(probes, rows, [t.close for t in (base, *variants.values())])
+
+
+def bench_prioritized_bytes() -> Row:
+    from madqn.replay import ReplayMemory
+
+    plain = ReplayMemory(10_000, (84, 84), 4, n_streams=2)
+    prio = ReplayMemory(10_000, (84, 84), 4, n_streams=2, prioritized=True)
+    extra = (prio.nbytes - plain.nbytes) / (10_000 * 2)
+    return Row("replay: extra bytes per transition with prioritized = true", extra, "B", 16.0, "<= 16 B",
+               extra <= 16, f"sum-tree (float32 nodes); {prio.nbytes / 20_000:,.0f} B per transition in all")
+
+
 # ---- acting ---------------------------------------------------------------------------------------
 
 def acting_section(n: int, num_envs: int) -> Section:
@@ -649,6 +724,7 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
     for device in devices:
         sections += [peak_section(device, 1024 if device == "cpu" else 8192, 4 if quick else 10),
                      learner_section(device, 8 if quick else 20),
+                     extensions_section(device, 8 if quick else 20),  # beyond DQN3.0
                      e2e_section(device, 160 if quick else 400, args.num_envs)]
     probes = {k: fn for s in sections for k, fn in s.probes.items()}
     say(f"one measurement window: {len(probes)} probes, {repeats} interleaved rounds")
@@ -657,7 +733,7 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
     finally:
         for s in sections:
             s.close()
-    rows = [*sections[0].rows(timings), bench_replay_bytes()]
+    rows = [*sections[0].rows(timings), bench_replay_bytes(), bench_prioritized_bytes()]
     if not quick:
         rows.append(bench_pettingzoo_raw("pong_v3", 300))
     for s in sections[1:]:
