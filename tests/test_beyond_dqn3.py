@@ -3,16 +3,19 @@ Double DQN targets and per-row discounts, the importance-weighted injected gradi
 heads, n-step returns on a golden replay table, and the prioritized replay's sum-tree."""
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chi2
 
+from madqn.config import Config
 from madqn.learner import Learner, build_optimizer, q_targets
 from madqn.networks import DQN3ConvNet, DuelingHead, MLPQNetwork, build_q_network
 from madqn.prioritized import SumTree, annealed_beta, importance_weights
 from madqn.replay import ReplayMemory
+from madqn.runner import Trainer
 
 torch.set_num_threads(1)
 
@@ -370,3 +373,59 @@ def test_prioritized_memory_costs_at_most_16_bytes_per_transition():
         plain = ReplayMemory(capacity, (84, 84), 4, n_streams=streams)
         prio = ReplayMemory(capacity, (84, 84), 4, n_streams=streams, prioritized=True)
         assert 0 < (prio.nbytes - plain.nbytes) / (capacity * streams) <= 16
+
+
+# ---------------------------------------------------------------- every switch through the trainers
+
+ALL_SWITCHES = dict(double=True, dueling=True, n_step=3, prioritized=True, optimizer="adam")
+TINY = dict(env=f"{Path(__file__).resolve().parent / 'tiny_catch.py'}:make", replay_memory=500, learn_start=100,
+            prog_freq=100, save_freq=1000, eval_freq=0, valid_size=0, device="cpu", rollout_len=32, sync_every=2,
+            target_q=100, hist_len=2, mlp_hidden=[32], num_threads=1)
+
+
+def _check_learners(trainer):
+    for g in trainer.groups:
+        assert g.updates > 0 and isinstance(g.learner.optimizer, torch.optim.Adam) and g.learner.double
+        assert isinstance(g.learner.online_network.layers[-1], DuelingHead)
+        assert g.replay.n_step == 3
+        leaves = g.replay.tree.nodes[g.replay.tree.size:]
+        assert len(np.unique(leaves[leaves > 0])) > 5  # priorities from TD errors, not only the initial max
+
+
+@pytest.mark.parametrize("sharing", ["shared", "independent"])
+def test_every_switch_with_the_distributed_learner_and_its_actors(sharing):
+    """The Ray backend's learner and actors (here in this process): dueling networks on both sides,
+    weights published to the actors, prioritized n-step replay fed from their batches."""
+    from madqn.distributed import DistributedTrainer
+
+    trainer = DistributedTrainer(Config(**TINY, steps=400, actors=2, sharing=sharing, **ALL_SWITCHES), pool="inline")
+    try:
+        trainer.run()
+        _check_learners(trainer)
+        for actor in trainer.pool.actors:
+            assert actor.weights_version > 0
+            for g_actor, g in zip(actor.groups, trainer.groups):
+                assert g_actor.learner.online_network.state_dict().keys() == g.learner.online_network.state_dict().keys()
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("sharing", ["shared", "independent"])
+def test_every_switch_with_the_local_trainer(sharing):
+    trainer = Trainer(Config(**TINY, steps=300, sharing=sharing, num_envs=2, vector_env="inline", **ALL_SWITCHES))
+    try:
+        trainer.run()
+        _check_learners(trainer)
+        assert trainer.groups[0].replay.n_streams == (2 if sharing == "independent" else 4)
+    finally:
+        trainer.close()
+
+
+@pytest.mark.slow
+def test_every_switch_on_ray(tmp_path):
+    """A real Ray run (2 actor processes) with all five switches."""
+    import madqn
+
+    result = madqn.train(config=Config(**TINY, steps=600, actors=2, backend="ray", sharing="independent",
+                                       **ALL_SWITCHES), run_dir=tmp_path / "run", handle_signals=False)
+    assert result.steps >= 600 and all(n > 0 for n in result.updates.values())

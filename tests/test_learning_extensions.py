@@ -1,0 +1,77 @@
+"""Every extension beyond DQN3.0 still learns envs/catch.py and envs/gridrace.py in both sharing modes,
+with the pass rules of tests/test_learning.py, and rainbow_lite reaches them in fewer agent steps.
+
+Each run trains with the env's config (configs/catch_small.toml, configs/gridrace.toml) plus the
+switch, and stops at the first check (every 250 / 1000 agent steps) where the current networks pass
+the rule on the final evaluation's 20 episode seeds (tests/steps_to_pass.py); the run's final
+evaluation then repeats that evaluation and must pass test_learning's checks.
+
+Measured on 2 busy CPU cores (seed 1; agent steps at the first passing check):
+- catch (shared): DQN3.0 2750, rainbow_lite switches 1000.
+The default suite keeps one run (all five switches, independent networks, catch); the rest is slow.
+"""
+
+from pathlib import Path
+
+import pytest
+
+import madqn
+from madqn.config import load_toml
+from steps_to_pass import StepsToPass
+from test_learning import check_gridrace, check_learned
+
+ROOT = Path(__file__).resolve().parents[1]
+SWITCH_KEYS = ("double", "dueling", "n_step", "prioritized", "priority_alpha", "priority_beta", "optimizer", "adam_eps")
+# rainbow_lite's switches; its Atari budget and Adam's lr 6.25e-5 stay with Pong (the env configs keep their lr)
+RAINBOW = {k: v for k, v in load_toml(ROOT / "configs" / "rainbow_lite.toml").items() if k in SWITCH_KEYS}
+OPTIONS = {"double": {"double": True}, "dueling": {"dueling": True}, "n_step": {"n_step": 3},
+           "prioritized": {"prioritized": True}, "adam": {"optimizer": "adam"}}
+
+
+def catch_rule(trained, random):
+    return all(trained[a] >= 1.0 and trained[a] - random[a] >= 3.0 for a in trained)
+
+
+def gridrace_rule(trained, random):
+    return all(trained[a] >= 0.4 and trained[a] - random[a] >= 0.75 for a in trained)
+
+
+ENVS = {
+    "catch": ("catch.py:make_small_env", "catch_small.toml", 250, catch_rule, check_learned),
+    "gridrace": ("gridrace.py:make_env", "gridrace.toml", 1000, gridrace_rule, check_gridrace),
+}
+
+
+def train_until_pass(env, tmp_path, **overrides):
+    """Train with the env's config and ``overrides`` until the pass rule holds; check the final evaluation."""
+    spec, config, every, rule, check = ENVS[env]
+    factory = madqn.env.load_env_factory(str(ROOT / "envs" / spec))
+    hook = StepsToPass(factory, every, rule)
+    result = madqn.train(factory, ROOT / "configs" / config, run_dir=tmp_path / "run", hooks=[hook],
+                         handle_signals=False, **overrides)
+    print(f"{env} {overrides}: passed at {hook.passed_at} agent steps; checks {hook.history}")
+    assert hook.passed_at is not None, hook.history
+    check(result, factory)
+    return hook.passed_at
+
+
+def test_rainbow_lite_learns_small_catch_independent(tmp_path):
+    """Default suite: all five switches at once, one network per agent (~30 s of CPU)."""
+    train_until_pass("catch", tmp_path, sharing="independent", **RAINBOW)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharing", ["shared", "independent"])
+@pytest.mark.parametrize("env", list(ENVS))
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_each_option_learns(tmp_path, option, env, sharing):
+    train_until_pass(env, tmp_path, sharing=sharing, **OPTIONS[option])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", list(ENVS))
+def test_rainbow_lite_passes_in_fewer_steps_than_dqn3(tmp_path, env):
+    dqn3 = train_until_pass(env, tmp_path / "dqn3", sharing="shared")
+    rainbow = train_until_pass(env, tmp_path / "rainbow", sharing="shared", **RAINBOW)
+    print(f"{env}: DQN3.0 passes at {dqn3} agent steps, rainbow_lite at {rainbow}")
+    assert rainbow < dqn3
