@@ -243,3 +243,19 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, messag
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
     assert not (tmp_path / "cmp").exists()
+
+
+@pytest.mark.slow
+def test_compare_with_every_extension_switched_on(tmp_path):
+    """`madqn compare` trains, evaluates and reports runs that use all five extensions (dueling networks
+    loaded by the evaluation, prioritized n-step replay, Double DQN, Adam)."""
+    out = tmp_path / "cmp"
+    switches = ["--set", "double=true", "--set", "dueling=true", "--set", "n_step=3", "--set", "prioritized=true",
+                "--set", 'optimizer="adam"']
+    proc = run_madqn("compare", *ARGS, "--out", out, *switches, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout[-3000:]
+    assert (out / "report.md").is_file()
+    for variant in ("shared", "independent"):
+        config = (out / "runs" / f"{variant}-s1" / "config.toml").read_text()
+        for line in ("double = true", "dueling = true", "n_step = 3", "prioritized = true", 'optimizer = "adam"'):
+            assert line in config
