@@ -178,7 +178,8 @@ class Config:
         if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in self.mlp_hidden):
             raise ConfigError(f"config key 'mlp_hidden' must be a list of positive integers, got {self.mlp_hidden!r}")
         if self.dueling and not self.mlp_hidden and self.network != "conv":
-            raise ConfigError("config key 'dueling' needs at least one hidden layer in 'mlp_hidden' for the MLP network")
+            raise ConfigError("config key 'dueling' needs at least one hidden layer in 'mlp_hidden' (the MLP's last "
+                              "hidden layer becomes the V and A streams)")
         if self.prioritized and self.priority_eps <= 0:
             raise ConfigError(f"config key 'priority_eps' must be > 0 with prioritized replay, got {self.priority_eps!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):

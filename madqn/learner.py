@@ -322,7 +322,9 @@ class Learner:
         with self._autocast():
             with torch.no_grad():
                 q2_all = (self.target_network if self.use_target else self.online_network)(next_states, ids)
-                q2_online = self.online_network(next_states, ids) if self.double else None
+                q2_online = None
+                if self.double:  # without a target network Double DQN is plain DQN: no second forward
+                    q2_online = self.online_network(next_states, ids) if self.use_target else q2_all
             q_all = self.online_network(states, ids)
         targets, delta, q2_max = q_targets(
             q_all.detach().float(),

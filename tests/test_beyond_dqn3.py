@@ -429,3 +429,25 @@ def test_every_switch_on_ray(tmp_path):
     result = madqn.train(config=Config(**TINY, steps=600, actors=2, backend="ray", sharing="independent",
                                        **ALL_SWITCHES), run_dir=tmp_path / "run", handle_signals=False)
     assert result.steps >= 600 and all(n > 0 for n in result.updates.values())
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"n_step": 0}, "'n_step' must be >= 1"),
+    ({"priority_alpha": 1.5}, "'priority_alpha' must be <= 1"),
+    ({"prioritized": True, "priority_eps": 0.0}, "'priority_eps' must be > 0"),
+    ({"dueling": True, "mlp_hidden": [], "network": "mlp"}, "'dueling' needs at least one hidden layer"),
+    ({"optimizer": "sgd"}, "'optimizer' must be one of rmsprop, adam"),
+])
+def test_bad_extension_settings_name_the_key(bad, message):
+    from madqn.config import make_config
+    from madqn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        make_config(None, bad)
+
+
+def test_double_without_target_network_is_plain_dqn():
+    s, a, r, s2, term = _batch()
+    plain = _learner(_mlp(0), use_target=False).update(s, a, r, s2, term)
+    double = _learner(_mlp(0), use_target=False, double=True).update(s, a, r, s2, term)
+    assert torch.equal(plain["delta"], double["delta"]) and torch.equal(plain["q2_max"], double["q2_max"])
