@@ -42,7 +42,8 @@ class SumTree:
         idx = self.size + np.asarray(leaves, dtype=np.int64).ravel()
         self.nodes[idx] = np.asarray(values, dtype=np.float32).ravel()
         for _ in range(self.depth):
-            idx = np.unique(idx >> 1)
+            # a node repeated in idx is written twice with the same sum of its (already final) children
+            idx = idx >> 1
             self.nodes[idx] = self.nodes[2 * idx] + self.nodes[2 * idx + 1]
 
     def set_one(self, leaf: int, value: float) -> None:
