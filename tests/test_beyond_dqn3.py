@@ -451,3 +451,11 @@ def test_double_without_target_network_is_plain_dqn():
     plain = _learner(_mlp(0), use_target=False).update(s, a, r, s2, term)
     double = _learner(_mlp(0), use_target=False, double=True).update(s, a, r, s2, term)
     assert torch.equal(plain["delta"], double["delta"]) and torch.equal(plain["q2_max"], double["q2_max"])
+
+
+def test_rainbow_lite_preset_switches_everything_on():
+    from madqn.config import make_config
+
+    c = make_config(Path(__file__).resolve().parents[1] / "configs" / "rainbow_lite.toml")
+    assert (c.double, c.dueling, c.n_step, c.prioritized, c.optimizer) == (True, True, 3, True, "adam")
+    assert (c.lr, c.lr_end, c.adam_eps) == (6.25e-5, 6.25e-5, 1.5e-4)
