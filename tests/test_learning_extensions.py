@@ -7,9 +7,19 @@ test_learning's rule, evaluated as its final evaluation is (20 episodes at epsil
 final evaluation's seeds, against random agents on the same seeds; tests/steps_to_pass.py). A run
 that never passes within the config's budget fails.
 
-Measured on 2 busy CPU cores (seed 1; agent steps at the first passing check):
-- catch (shared): DQN3.0 2750, rainbow_lite switches 1000.
-The default suite keeps one run (all five switches, independent networks, catch); the rest is slow.
+Measured (seed 1; agent steps at the first passing check, budget 4,000 on catch and 20,000 on gridrace):
+
+| switch | catch shared | catch independent | gridrace shared | gridrace independent |
+|---|---|---|---|---|
+| none (DQN3.0) | 2,750 | | 13,000 | |
+| double | 2,750 | 2,500 | 13,000 | 9,000 |
+| dueling | 2,250 | 2,000 | 7,000 | 7,000 |
+| n_step 3 | 1,500 | 1,750 | 6,000 | 6,000 |
+| prioritized | 2,750 | 2,250 | 9,000 | 7,000 |
+| adam | 1,250 | 1,250 | 4,000 | 4,000 |
+| all five (rainbow_lite's switches) | 1,000 | 1,000 | 3,000 | |
+
+The default suite keeps one run (all five switches, independent networks, catch: ~25 s); the rest is slow.
 """
 
 from pathlib import Path
