@@ -459,3 +459,17 @@ def test_rainbow_lite_preset_switches_everything_on():
     c = make_config(Path(__file__).resolve().parents[1] / "configs" / "rainbow_lite.toml")
     assert (c.double, c.dueling, c.n_step, c.prioritized, c.optimizer) == (True, True, 3, True, "adam")
     assert (c.lr, c.lr_end, c.adam_eps) == (6.25e-5, 6.25e-5, 1.5e-4)
+
+
+def test_dueling_checkpoint_loads_for_play(tmp_path):
+    """A run's dueling networks come back through madqn.load_agents (madqn eval, video, export use it)."""
+    import madqn
+
+    result = madqn.train(config=Config(**TINY, steps=150, sharing="shared", **ALL_SWITCHES), run_dir=tmp_path / "run",
+                         handle_signals=False, final_eval_episodes=0)
+    agents = madqn.load_agents(result.run_dir)
+    network = next(iter(agents.networks.values()))
+    assert isinstance(network.layers[-1], DuelingHead)
+    saved = madqn.checkpoint.safe_load(result.run_dir / "checkpoints" / "latest.pt")["groups"]["shared"]["learner"]
+    for k, v in network.state_dict().items():
+        assert torch.equal(v, saved["online"][k])
