@@ -11,7 +11,6 @@ with a checkpoint; a second signal exits at once, leaving the last complete chec
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import signal
 import sys
@@ -25,6 +24,7 @@ from madqn.atari import ATARI_GAMES
 from madqn.checkpoint import (LATEST, REPLAY, REPLAY_KIND, atomic_save, atomic_write_text,
                               close_interrupted_episodes, load_run_checkpoint, remove_temporaries, replay_state,
                               restore_replay, restore_trainer, safe_load, trainer_state, truncate_csv)
+from madqn.commands import resume_command
 from madqn.config import Config, _check_keys, load_toml, make_config
 from madqn.errors import CheckpointError, ConfigError, MadqnError, NonFiniteError
 from madqn.eval_hook import EvalHook
@@ -54,10 +54,6 @@ class RunResult:
     resumed_from: int | None = None  # step of the checkpoint this run continued from
     eval_scores: dict[str, float] = field(default_factory=dict)  # agent -> mean raw score of the final evaluation
     evaluation: EvalResult | None = None  # the final evaluation's per-episode scores (None if final_eval_episodes = 0)
-
-
-def resume_command(run_dir: Path) -> str:
-    return f"madqn train --resume {shlex.quote(str(run_dir))}"
 
 
 class CheckpointHook(Hook):
@@ -263,6 +259,7 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
         from madqn.distributed import DistributedTrainer as trainer_class
     trainer = trainer_class(cfg, env, hooks=[guard, metrics, checkpoints, EvalHook(run_dir_path), *watch, *hooks])
     try:
+        print(start_line(trainer, run_dir_path), flush=True)
         if state is not None:
             _restore(trainer, state, ckpt_path, run_dir_path)
             checkpoints.saved_step = resumed_from = trainer.step
@@ -290,6 +287,17 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
         stopped_by=stop.received if trainer.step < cfg.steps else None,
         resumed_from=resumed_from,
         eval_scores=evaluation.mean_scores() if evaluation is not None else {}, evaluation=evaluation)
+
+
+def start_line(trainer: Trainer, run_dir: Path) -> str:
+    """The run's first line: what trains where, on which device with how many torch threads (and why)."""
+    import torch
+
+    c = trainer.config
+    threads = getattr(trainer, "torch_threads", torch.get_num_threads())
+    why = getattr(trainer, "threads_reason", "num_threads" if c.num_threads else "torch's default")
+    return (f"madqn train: {c.env}, sharing {c.sharing}, {c.steps:,} agent steps -> {run_dir} | "
+            f"device {trainer.device}, torch threads {threads} ({why})")
 
 
 class _NoSignals:

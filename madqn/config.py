@@ -39,7 +39,7 @@ class Config:
     device: str = _f("auto", "'auto' (cuda if available), 'cpu', 'cuda' or 'cuda:N'")
     steps: int = _f(50_000_000, "training length (DQN3.0 steps: 4 frames each) [agent steps]", min=1)
     num_envs: int = _f(1, "copies of the game stepped together; each copy's agents keep their own histories and replay streams", min=1)
-    num_threads: int = _f(0, "torch CPU threads for the learner (0 = torch's default)", min=0)
+    num_threads: int = _f(0, "torch CPU threads (0 = choose: the cores left after the env workers, 1 on a 2-core machine)", min=0)
     vector_env: str = _f("auto", "where env copies run: 'process' (one worker process each, stepped while the learner works), "
                          "'inline' (in this process, one after another), 'auto' (process when num_envs > 1)",
                          choices=("auto", "process", "inline"))
