@@ -117,6 +117,7 @@ class Config:
     eval_opponent: str = _f("random", "periodic evaluation: 'random' (each seat in turn against random others, the multiplayer-ALE protocol) or 'self' (the trained agents in every seat)",
                             choices=("random", "self"))
     final_eval_episodes: int = _f(10, "episodes of the evaluation (epsilon eval_ep, at most eval_steps agent steps) at the end of madqn.train; its mean raw scores are the run's result (0 = none)", min=0)
+    final_eval_seconds: float = _f(0.0, "time limit of the final evaluation; the episode it cuts short is dropped (0 = max(60 s, 10% of the training wall time)) [s]", min=0.0)
     valid_size: int = _f(500, "held-out transitions (drawn at learn_start) for DQN3.0's V and TD-error statistics", min=0)
     prog_freq: int = _f(10_000, "a progress line and a train.csv row every prog_freq agent steps [agent steps]", min=1)
     save_freq: int = _f(125_000, "checkpoint every save_freq agent steps and at the end [agent steps]", min=1)

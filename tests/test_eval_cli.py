@@ -113,7 +113,7 @@ def test_self_cross_best_and_video(trained, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["missing_dir"], "not found"),
-    (["RUN", "--episodes", "1"], "--episodes must be >= 2"),
+    (["RUN", "--episodes", "0"], "--episodes must be >= 1"),
     (["RUN", "--opponent", "nowhere"], "not found: nowhere"),
     (["RUN", "--eps", "2"], "--eps must be in [0, 1]"),
     (["RUN", "--video", "x.avi"], "must end in .mp4 or .gif"),
