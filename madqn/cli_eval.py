@@ -103,7 +103,8 @@ def run_eval(args: argparse.Namespace) -> int:
             b.policy.check_env(env, str(other))
             kind = "cross"
         n_settings = {"random": len(agents) + 1, "self": 1}.get(kind) or len(cross_settings(agents, "a", "b"))
-        progress = EvalProgress(f"eval vs {kind}", episodes=n_settings * args.episodes)
+        desc = {"random": "eval vs random", "self": "eval self-play", "cross": "eval cross-play"}[kind]
+        progress = EvalProgress(desc, episodes=n_settings * args.episodes)
         kw = dict(episodes=args.episodes, epsilon=epsilon, seed=args.seed, config=env_config, on_episode=progress)
         start = time.time()
         if kind == "random":

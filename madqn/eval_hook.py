@@ -195,6 +195,7 @@ class EvalHook(Hook):
         finally:
             for n, mode in zip(networks, modes):
                 n.train(mode)
+        progress.close()
         wall = round(time.time() - trainer.start_time, 3)
         for r in rows:
             self.writers["episodes"].write({"step": trainer.step, **r})

@@ -23,7 +23,7 @@ from madqn.errors import ConfigError, MadqnError
 # Keys that do not change what is learned (or only how long): not part of a run's variant.
 BOOKKEEPING_KEYS = frozenset({"seed", "device", "num_threads", "steps", "prog_freq", "save_freq", "save_replay",
                               "eval_freq", "eval_steps", "eval_ep", "eval_opponent", "valid_size", "video_freq",
-                              "video_length"})
+                              "video_length", "final_eval_episodes", "final_eval_seconds"})
 BANDS = ("minmax", "std")
 # One colour per sharing mode in every plot (madqn plot, madqn compare), whatever the order of the runs;
 # further variants of one sharing mode (other config keys) take the next free colours of the cycle.

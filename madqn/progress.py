@@ -279,8 +279,9 @@ class EvalProgress:
     def print_line(self, now: float | None = None) -> None:
         from tqdm import tqdm
 
-        tqdm.write(self.line(now), file=self.out if self.out is not None else sys.stdout)
-        sys.stdout.flush()
+        out = self.out if self.out is not None else sys.stdout
+        tqdm.write(self.line(now), file=out)
+        out.flush()
         self.last_line, self.shown = self.clock() if now is None else now, self.episodes
 
     def close(self) -> None:

@@ -96,6 +96,25 @@ def test_window_rate_follows_the_current_phase():
     assert math.isnan(WindowRate().rate())
 
 
+def test_live_bar_shows_the_windowed_rate(monkeypatch):
+    """The tqdm bar's rate (and so its ETA) is the last 15 s's: 4 steps/s after a fast phase, not tqdm's average."""
+    import io
+
+    from madqn import progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    p = progress.Progress(100_000, every=1000, out=io.StringIO(), tty=True, refresh_s=0.0)
+    for k in range(1, 61):
+        now[0] = float(k)
+        p.update(100 * k)
+    for k in range(1, 31):
+        now[0] = 60.0 + k
+        p.update(6000 + 4 * k)
+    assert p.bar.format_dict["rate"] == pytest.approx(4.0)
+    p.close()
+
+
 @pytest.mark.parametrize("elapsed, episodes, steps, bounds, expected", [
     (10.0, 2, 500, dict(total_episodes=10), 40.0),                            # 5 s per episode, 8 to go
     (10.0, 2, 500, dict(total_episodes=10, max_seconds=60.0), 40.0),         # the episodes end first
