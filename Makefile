@@ -25,18 +25,19 @@ $(BIN)/python:
 
 # torch first, so that installing madqn does not pull the index's default (CUDA) build
 torch: $(BIN)/python
-	@kind="$(TORCH)"; \
+	@kind="$(TORCH)"; why="TORCH=$$kind"; \
 	if [ "$$kind" = auto ]; then \
 	  if $(BIN)/python -c "import torch" 2>/dev/null; then exit 0; fi; \
-	  if command -v nvidia-smi >/dev/null 2>&1; then kind=cuda; else kind=cpu; fi; \
+	  if command -v nvidia-smi >/dev/null 2>&1; then kind=cuda; why="nvidia-smi found"; \
+	  else kind=cpu; why="no nvidia-smi: no NVIDIA GPU"; fi; \
 	elif $(BIN)/python -c "import sys, torch; sys.exit(('+cpu' in torch.__version__) != ('$$kind' == 'cpu'))" 2>/dev/null; then \
 	  exit 0; \
 	fi; \
 	if [ "$$kind" = cuda ]; then \
-	  echo "installing torch (CUDA build; TORCH=cpu for the CPU build)"; \
+	  echo "installing torch, CUDA build ($$why; TORCH=cpu for the CPU build)"; \
 	  $(BIN)/python -m pip install -q "torch>=2.2,<3"; \
 	elif [ "$$kind" = cpu ]; then \
-	  echo "installing torch $(TORCH_VERSION) (CPU build: no NVIDIA GPU found; TORCH=cuda for the CUDA build)"; \
+	  echo "installing torch $(TORCH_VERSION), CPU build ($$why; TORCH=cuda for the CUDA build)"; \
 	  $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
 	  $(BIN)/python -m pip install -q --extra-index-url "$(TORCH_CPU_INDEX)" "torch==$(TORCH_VERSION)+cpu"; \
 	else \
@@ -51,6 +52,11 @@ $(TRAIN_STAMP): pyproject.toml
 $(TEST_STAMP): $(TRAIN_STAMP)
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
+
+# TORCH=cpu or TORCH=cuda also switches the build of an existing .venv
+ifneq ($(TORCH),auto)
+$(TRAIN_STAMP) $(TEST_STAMP): torch
+endif
 
 install: $(TRAIN_STAMP)
 
