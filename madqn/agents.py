@@ -3,7 +3,8 @@
 ``agents.act(observations)`` takes the env's raw observations (the same conversion as training:
 :class:`madqn.env.ObservationSpec`), keeps each agent's recent history of ``hist_len`` frames as
 DQN3.0's actor does (zeros at an episode start), and returns epsilon-greedy actions over the
-legal ones (greedy by default). Checkpoints are read with ``weights_only`` (``checkpoint.safe_load``).
+legal ones (greedy by default). Checkpoints and ``madqn export`` files are read with ``weights_only``
+(``checkpoint.safe_load``).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Agents:
     @classmethod
     def from_state(cls, state: dict[str, Any], *, env: Any = None, device: torch.device | str = "cpu",
                    seed: int | None = None, source: str = "checkpoint") -> "Agents":
-        """From a loaded checkpoint dict (``checkpoint.trainer_state``)."""
+        """From a loaded checkpoint dict (``checkpoint.trainer_state``) or export (``export.agents_state``)."""
         config = Config(**{k: v for k, v in state["config"].items() if k in FIELD_NAMES})
         agents = list(state["agents"])
         if env is not None:
@@ -80,7 +81,7 @@ class Agents:
             network = build_q_network(specs[members[0]].shape, int(group["n_actions"]), config.hist_len, n_indicator,
                                       kind=config.network, hidden=tuple(config.mlp_hidden))
             try:
-                network.load_state_dict(group["learner"]["online"])
+                network.load_state_dict(group["online"] if "online" in group else group["learner"]["online"])
             except (RuntimeError, KeyError) as e:
                 raise CheckpointError(f"{source}: network of {name} does not match its config "
                                       f"({str(e).splitlines()[0]})") from None
@@ -160,13 +161,13 @@ def checkpoint_path(path: str | Path) -> Path:
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], Config]:
-    """A checkpoint (run directory or file) loaded with ``weights_only``, and its resolved config."""
-    from madqn.checkpoint import safe_load
+    """A checkpoint or export (run directory or file) loaded with ``weights_only``, and its resolved config."""
+    from madqn.checkpoint import PLAY_KINDS, safe_load
     from madqn.config import make_config
     from madqn.errors import ConfigError
 
     file = checkpoint_path(path)
-    state = safe_load(file)
+    state = safe_load(file, kind=PLAY_KINDS)
     try:
         config = make_config(None, {k: v for k, v in state["config"].items() if k in FIELD_NAMES})
     except ConfigError as e:
@@ -178,7 +179,6 @@ def load_for_play(path: str | Path, eps: float | None = None) -> tuple[dict[str,
     """``load_checkpoint`` plus what playing needs: torch threads as the run chose them, and the epsilon
     to act with (the run's ``eval_ep`` unless ``eps`` is given), checked to lie in [0, 1]."""
     from madqn.errors import MadqnError
-
     from madqn.runner import resolve_threads
 
     state, config = load_checkpoint(path)
@@ -190,12 +190,12 @@ def load_for_play(path: str | Path, eps: float | None = None) -> tuple[dict[str,
 
 
 def load_agents(path: str | Path, *, env: Any = None, device: str = "cpu", seed: int | None = None) -> Agents:
-    """Load trained agents from a run directory or a checkpoint file, ready to ``act``.
+    """Load trained agents from a run directory, a checkpoint file or a ``madqn export`` file, ready to ``act``.
 
     ``env`` (a spec, factory or PettingZoo env) is only needed for checkpoints that predate the
     stored observation specs; ``seed`` seeds the epsilon-greedy draws.
     """
-    from madqn.checkpoint import safe_load
+    from madqn.checkpoint import PLAY_KINDS, safe_load
 
     file = checkpoint_path(path)
-    return Agents.from_state(safe_load(file), env=env, device=device, seed=seed, source=str(file))
+    return Agents.from_state(safe_load(file, kind=PLAY_KINDS), env=env, device=device, seed=seed, source=str(file))

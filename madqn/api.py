@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
-from madqn.atari import ATARI_GAMES
+from madqn.atari import is_atari_spec
 from madqn.checkpoint import (LATEST, REPLAY, REPLAY_KIND, atomic_save, atomic_write_text,
                               close_interrupted_episodes, load_run_checkpoint, remove_temporaries, replay_state,
                               restore_replay, restore_trainer, safe_load, trainer_state, truncate_csv)
@@ -233,7 +233,7 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
             overrides = {**overrides, "env": env}
             env = None
         cfg = resume_config(state["config"], config, overrides, ckpt_path)
-        if env is None and ":" not in cfg.env and cfg.env not in ATARI_GAMES:
+        if env is None and ":" not in cfg.env and not is_atari_spec(cfg.env):
             raise MadqnError(f"run {run_dir_path} trained on an env object given in Python ({cfg.env}); "
                              "pass it again: madqn.train(env, resume=...)")
         if cfg.steps <= state["step"]:

@@ -1,10 +1,16 @@
-"""PettingZoo multi-player Atari with DQN3.0 preprocessing, computed once per step for all agents.
+"""Atari with DQN3.0 preprocessing, computed once per step for all agents.
 
 One `AtariEnv` wraps one PettingZoo `ParallelAtariEnv` but drives its ALE directly: every agent
 step repeats the joint action for `action_repeat` frames, sums the raw per-player rewards, max-pools
 the RGB screens of the last two frames and turns them into one 84x84 luminance frame that every
 agent receives (all players look at the same screen). This is DQN3.0's alewrap/Scale pipeline
 (dqn3-reference.md section 5) with PettingZoo's player/termination rules on top.
+
+`SingleAtariEnv` is the same env (the same step, reset and state code) on ale-py's own
+`ALEInterface`: a single-player game named by its Gymnasium id (`ALE/Pong-v5`,
+`gym:PongNoFrameskip-v4`) becomes a one-agent env whose agent is `player_0`. The ALE runs one frame
+per `act` without sticky actions (unless `sticky_actions` is set), so DQN3.0's preprocessing applies
+exactly once, whatever frame skip and sticky-action defaults the Gymnasium id has.
 """
 
 from __future__ import annotations
@@ -25,12 +31,17 @@ __all__ = [
     "ATARI_GAMES",
     "FRAME_SHAPE",
     "AtariEnv",
+    "GYM_PREFIX",
+    "SINGLE_AGENT",
+    "SingleAtariEnv",
     "UnknownGameError",
     "area_resize_84",
+    "is_atari_spec",
     "luminance",
     "make_atari_env",
     "preprocess_frame",
     "rom_dir",
+    "single_player_ids",
 ]
 
 # PettingZoo's multi-player Atari games (registry ids `atari/pong-v3`...; a test checks the list).
@@ -63,6 +74,8 @@ ATARI_GAMES: tuple[str, ...] = (
 
 FRAME_SHAPE = (84, 84)  # (height, width) of a preprocessed frame
 NOOP = 0  # ALE action id of "no operation" (every game's minimal set contains it)
+GYM_PREFIX = "gym:"  # `gym:<Gymnasium id>` names any ale-py single-player game (`ALE/<Game>-v5` also works bare)
+SINGLE_AGENT = "player_0"  # the agent of a single-player game
 
 # ITU-R BT.601 luma weights on (R, G, B), as a 1x3 matrix for cv2.transform.
 _LUMINANCE_1x3 = np.array([[0.299, 0.587, 0.114]], dtype=np.float32)
@@ -192,6 +205,72 @@ class _Emulator:
     def reset(self) -> None:
         self.ale.reset_game()
 
+    def load_rom(self, rom_path: str, seed: int, sticky_actions: float, mode: int | None,
+                 difficulty: int | None) -> None:
+        """(Re)load the ROM: ALE settings (random_seed, used by sticky actions) apply on load."""
+        self.ale.setFloat(b"repeat_action_probability", sticky_actions)
+        self.ale.setInt(b"random_seed", seed)
+        self.ale.loadROM(rom_path)
+        if mode is not None:
+            self.ale.setMode(mode)
+        if difficulty is not None:
+            self.ale.setDifficulty(difficulty)
+
+    def save_state(self) -> np.ndarray:
+        """The ALE system state (RAM, CPU, TIA, frame counters) as uint8 bytes."""
+        handle = self.ale.cloneSystemState()
+        try:
+            return np.array(self.ale.encodeState(handle), dtype=np.uint8)
+        finally:
+            self.ale.deleteState(handle)
+
+    def restore_state(self, data: np.ndarray) -> None:
+        handle = self.ale.decodeState(np.ascontiguousarray(data, dtype=np.uint8))
+        try:
+            self.ale.restoreSystemState(handle)
+        finally:
+            self.ale.deleteState(handle)
+
+
+class _SinglePlayerEmulator(_Emulator):
+    """The same calls on ale-py's `ALEInterface` (one player; its nanobind methods take buffers directly)."""
+
+    def __init__(self, ale: Any) -> None:
+        self.ale = ale
+        self.joint_action = np.zeros(1, np.intc)
+        self.rewards = np.zeros(1, np.intc)
+        self.screens = (np.empty(0, np.uint8), np.empty(0, np.uint8))  # allocated once the ROM is loaded
+        self._lib = None
+
+    def act(self) -> np.ndarray:
+        self.rewards[0] = self.ale.act(int(self.joint_action[0]))
+        return self.rewards
+
+    def grab_screen(self, which: int) -> None:
+        self.ale.getScreenRGB(self.screens[which])
+
+    def lives(self) -> np.ndarray:
+        return np.array([self.ale.lives()], np.intc)
+
+    def load_rom(self, rom_path: str, seed: int, sticky_actions: float, mode: int | None,
+                 difficulty: int | None) -> None:
+        self.ale.setInt("frame_skip", 1)  # one frame per act: madqn repeats the action itself
+        self.ale.setFloat("repeat_action_probability", sticky_actions)
+        self.ale.setInt("random_seed", seed)
+        self.ale.loadROM(rom_path)
+        if mode is not None:
+            self.ale.setMode(mode)
+        if difficulty is not None:
+            self.ale.setDifficulty(difficulty)
+
+    def save_state(self) -> np.ndarray:
+        return np.frombuffer(self.ale.cloneState(include_rng=True).serialize(), dtype=np.uint8).copy()
+
+    def restore_state(self, data: np.ndarray) -> None:
+        import ale_py
+
+        self.ale.restoreState(ale_py.ALEState(np.ascontiguousarray(data, dtype=np.uint8).tobytes()))
+
 
 def close_games(name: str, cutoff: float = 0.8) -> list[str]:
     """At most two games whose name, or name without its version (``pong`` for ``pong_v3``), is as
@@ -207,10 +286,11 @@ def close_games(name: str, cutoff: float = 0.8) -> list[str]:
 def _check_game(name: str) -> str:
     if name in ATARI_GAMES:
         return name
-    matches = close_games(name)
+    matches = [GYM_PREFIX + name] if name in single_player_ids() else close_games(name)
     if matches:
         raise UnknownGameError(f"unknown Atari game {name!r} (did you mean {' or '.join(map(repr, matches))}?)")
-    raise UnknownGameError(f"unknown Atari game {name!r} (the games: {', '.join(ATARI_GAMES)})")
+    raise UnknownGameError(f"unknown Atari game {name!r} (the games: {', '.join(ATARI_GAMES)}; single-player games: "
+                           f"ALE/<Game>-v5 or {GYM_PREFIX}<Gymnasium id>, e.g. ALE/Pong-v5)")
 
 
 class AtariEnv(ParallelEnv):
@@ -243,23 +323,7 @@ class AtariEnv(ParallelEnv):
         seed: int | None = None,
     ) -> None:
         self.game = _check_game(game)
-        if int(action_repeat) < 1:
-            raise ValueError(f"action_repeat must be >= 1 (frames), got {action_repeat}")
-        if int(max_cycles) < 1:
-            raise ValueError(f"max_cycles must be >= 1 (agent steps), got {max_cycles}")
-        if int(noop_max) < 0:
-            raise ValueError(f"noop_max must be >= 0 (frames), got {noop_max}")
-        if not 0.0 <= float(sticky_actions) <= 1.0:
-            raise ValueError(f"sticky_actions must be a probability, got {sticky_actions}")
-        self.action_repeat = int(action_repeat)
-        self.max_cycles = int(max_cycles)
-        self.noop_max = int(noop_max)
-        self.sticky_actions = float(sticky_actions)
-        self.terminal_on_life_loss = bool(terminal_on_life_loss)
-        self.full_action_space = bool(full_action_space)
-        self.render_mode = "rgb_array"
-        self.metadata = {**self.metadata, "name": f"madqn_{self.game}"}
-
+        self._settings(action_repeat, max_cycles, noop_max, sticky_actions, terminal_on_life_loss, full_action_space)
         ale_seed = self._seed_generator(seed)
         wrapped = pettingzoo.make(
             "parallel",
@@ -271,19 +335,11 @@ class AtariEnv(ParallelEnv):
             seed=ale_seed,  # PettingZoo sets the ALE random_seed and loads the ROM with it
         )
         self._pz_env = wrapped.unwrapped  # the ParallelAtariEnv under PettingZoo's wrappers
-        self.ale = self._pz_env.ale
-        self.possible_agents: list[str] = list(self._pz_env.possible_agents)
-        self.agents: list[str] = []
-        self._agent_index = {agent: i for i, agent in enumerate(self.possible_agents)}
-        self._action_mapping = np.asarray(self._pz_env.action_mapping, dtype=np.int32)
-        n_actions = len(self._action_mapping)
-        self._observation_space = spaces.Box(0, 255, FRAME_SHAPE, np.uint8)
-        self._action_space = spaces.Discrete(n_actions)
-
-        width, height = self.ale.getScreenDims()
-        self._emulator = _Emulator(self.ale, len(self.possible_agents), (height, width, 3))
-        self._lives = np.zeros(len(self.possible_agents), np.int64)
-        self._agent_steps = 0
+        self._rom = (self._pz_env.rom_path, self._pz_env.mode, None)  # path, mode, difficulty
+        ale = self._pz_env.ale
+        width, height = ale.getScreenDims()
+        emulator = _Emulator(ale, len(self._pz_env.possible_agents), (height, width, 3))
+        self._attach(emulator, list(self._pz_env.possible_agents), self._pz_env.action_mapping)
         if self.sticky_actions != 0.0:  # PettingZoo loaded the ROM without sticky actions
             self._load_rom(ale_seed)
 
@@ -384,20 +440,15 @@ class AtariEnv(ParallelEnv):
     def get_state(self) -> dict[str, Any]:
         """Everything needed to continue this env exactly, as numpy arrays and plain values.
 
-        The ALE system state (RAM, CPU, TIA, frame counters) serialised by `encodeState`, plus the
+        The ALE system state (RAM, CPU, TIA, frame counters) serialised by the ALE, plus the
         wrapper's live agents, life counters, agent-step counter and no-op generator. Checkpoints
         use it so that a resumed run continues the very same episode (madqn.checkpoint), frame for
         frame with DQN3.0's deterministic emulator; with `sticky_actions` > 0 the restored ALE does
         not repeat the same sticky-action draws (it does not restore all they depend on).
         """
-        handle = self.ale.cloneSystemState()
-        try:
-            ale_bytes = np.array(self.ale.encodeState(handle), dtype=np.uint8)
-        finally:
-            self.ale.deleteState(handle)
         return {
             "game": self.game,
-            "ale": ale_bytes,
+            "ale": self._emulator.save_state(),
             "agents": list(self.agents),
             "lives": self._lives.copy(),
             "agent_steps": self._agent_steps,
@@ -408,11 +459,7 @@ class AtariEnv(ParallelEnv):
         """Restore a `get_state()` result (taken from an env built with the same settings)."""
         if state["game"] != self.game:
             raise ValueError(f"env state is for {state['game']!r}, this env plays {self.game!r}")
-        handle = self.ale.decodeState(np.ascontiguousarray(state["ale"], dtype=np.uint8))
-        try:
-            self.ale.restoreSystemState(handle)
-        finally:
-            self.ale.deleteState(handle)
+        self._emulator.restore_state(state["ale"])
         self.agents = [a for a in state["agents"] if a in self._agent_index]
         self._lives[:] = np.asarray(state["lives"], dtype=np.int64)
         self._agent_steps = int(state["agent_steps"])
@@ -428,6 +475,38 @@ class AtariEnv(ParallelEnv):
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _settings(self, action_repeat: int, max_cycles: int, noop_max: int, sticky_actions: float,
+                  terminal_on_life_loss: bool, full_action_space: bool) -> None:
+        if int(action_repeat) < 1:
+            raise ValueError(f"action_repeat must be >= 1 (frames), got {action_repeat}")
+        if int(max_cycles) < 1:
+            raise ValueError(f"max_cycles must be >= 1 (agent steps), got {max_cycles}")
+        if int(noop_max) < 0:
+            raise ValueError(f"noop_max must be >= 0 (frames), got {noop_max}")
+        if not 0.0 <= float(sticky_actions) <= 1.0:
+            raise ValueError(f"sticky_actions must be a probability, got {sticky_actions}")
+        self.action_repeat = int(action_repeat)
+        self.max_cycles = int(max_cycles)
+        self.noop_max = int(noop_max)
+        self.sticky_actions = float(sticky_actions)
+        self.terminal_on_life_loss = bool(terminal_on_life_loss)
+        self.full_action_space = bool(full_action_space)
+        self.render_mode = "rgb_array"
+        self.metadata = {**self.metadata, "name": f"madqn_{self.game}"}
+
+    def _attach(self, emulator: _Emulator, agents: list[str], action_mapping: Any) -> None:
+        """Bind the emulator (with its ROM loaded), the players and their ALE action ids."""
+        self._emulator = emulator
+        self.ale = emulator.ale
+        self.possible_agents: list[str] = list(agents)
+        self.agents: list[str] = []
+        self._agent_index = {agent: i for i, agent in enumerate(self.possible_agents)}
+        self._action_mapping = np.asarray(action_mapping, dtype=np.int32)
+        self._observation_space = spaces.Box(0, 255, FRAME_SHAPE, np.uint8)
+        self._action_space = spaces.Discrete(len(self._action_mapping))
+        self._lives = np.zeros(len(self.possible_agents), np.int64)
+        self._agent_steps = 0
+
     def _check_agent(self, agent: str) -> int:
         index = self._agent_index.get(agent)
         if index is None:
@@ -440,11 +519,9 @@ class AtariEnv(ParallelEnv):
         return int(seed) % 2**31 if seed is not None else int(self._rng.integers(2**31))
 
     def _load_rom(self, ale_seed: int) -> None:
-        """(Re)load the ROM: ALE settings (random_seed, used by sticky actions) apply on load."""
-        self.ale.setFloat(b"repeat_action_probability", self.sticky_actions)
-        self.ale.setInt(b"random_seed", ale_seed)
-        self.ale.loadROM(self._pz_env.rom_path)
-        self.ale.setMode(self._pz_env.mode)
+        """(Re)load the ROM with `random_seed` = ale_seed and `sticky_actions` (settings apply on load)."""
+        rom_path, mode, difficulty = self._rom
+        self._emulator.load_rom(rom_path, ale_seed, self.sticky_actions, mode, difficulty)
 
     def _frame(self) -> np.ndarray:
         frame = preprocess_frame(*self._emulator.screens)
@@ -452,6 +529,79 @@ class AtariEnv(ParallelEnv):
         return frame
 
 
+# ---- single-player games (ale-py, Gymnasium ids) ----------------------------------------------
+
+def single_player_ids() -> tuple[str, ...]:
+    """Every Gymnasium id that ale-py registers (`ALE/Pong-v5`, `PongNoFrameskip-v4`, ...)."""
+    import ale_py  # noqa: F401  (importing it registers its envs with Gymnasium)
+    import gymnasium
+
+    return tuple(sorted(k for k, spec in gymnasium.envs.registry.items()
+                        if str(spec.entry_point).startswith("ale_py")))
+
+
+def _resolve_gym_id(name: str) -> tuple[str, dict[str, Any]]:
+    """`ALE/Pong-v5` or `gym:<id>` -> (the Gymnasium id, its registered kwargs); UnknownGameError otherwise."""
+    import gymnasium
+
+    env_id = name[len(GYM_PREFIX):] if name.startswith(GYM_PREFIX) else name
+    ids = single_player_ids()
+    if env_id not in ids:
+        matches = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.6)
+        matches = [m if m.startswith("ALE/") else GYM_PREFIX + m for m in matches]
+        hint = f"did you mean {' or '.join(repr(m) for m in matches)}? " if matches else ""
+        raise UnknownGameError(f"unknown single-player Atari env {name!r}; {hint}use an ale-py Gymnasium id "
+                               f"such as ALE/Pong-v5 or {GYM_PREFIX}PongNoFrameskip-v4 "
+                               f"({len(ids)} ids: see gymnasium.envs.registry)")
+    return env_id, dict(gymnasium.envs.registry[env_id].kwargs)
+
+
+def is_atari_spec(name: Any) -> bool:
+    """Does the env spec name a madqn Atari env: a PettingZoo game (`pong_v3`), `ALE/...` or `gym:...`?"""
+    return isinstance(name, str) and (name in ATARI_GAMES or name.startswith(("ALE/", GYM_PREFIX)))
+
+
+class SingleAtariEnv(AtariEnv):
+    """An ale-py single-player game as a one-agent `MultiAgentEnv` (agent `player_0`), through `AtariEnv`.
+
+    `name` is a Gymnasium id of ale-py (`ALE/Pong-v5`, `PongNoFrameskip-v4`, optionally written
+    `gym:<id>`). Only the game, its mode and difficulty come from the id: its frame skip and sticky
+    actions are replaced by madqn's (the ALE emulates one frame per `act`, `action_repeat` and
+    `sticky_actions` are applied as for PettingZoo games), observations are the full RGB screen
+    preprocessed once, and episodes end at game over or after `max_cycles` agent steps. The ROM is
+    the one ale-py ships. A lost life is flagged (`terminal_on_life_loss`) as ale-py counts lives.
+    """
+
+    def __init__(self, name: str, *, action_repeat: int = 4, max_cycles: int = 27_000, noop_max: int = 30,
+                 sticky_actions: float = 0.0, terminal_on_life_loss: bool = True, full_action_space: bool = False,
+                 seed: int | None = None) -> None:
+        import ale_py
+
+        self.env_id, kwargs = _resolve_gym_id(name)
+        self.game = self.env_id
+        self._settings(action_repeat, max_cycles, noop_max, sticky_actions, terminal_on_life_loss, full_action_space)
+        self.metadata = {**self.metadata, "name": f"madqn_{kwargs['game']}"}
+        ale_seed = self._seed_generator(seed)
+        rom_path = ale_py.roms.get_rom_path(kwargs["game"])
+        if rom_path is None:
+            raise UnknownGameError(f"ale-py has no ROM for {name!r} (game {kwargs['game']!r})")
+        self._rom = (str(rom_path), kwargs.get("mode"), kwargs.get("difficulty"))
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+        emulator = _SinglePlayerEmulator(ale_py.ALEInterface())
+        emulator.load_rom(str(rom_path), ale_seed, self.sticky_actions, kwargs.get("mode"), kwargs.get("difficulty"))
+        height, width = emulator.ale.getScreenDims()  # ale-py: (rows, columns)
+        emulator.screens = (np.empty((height, width, 3), np.uint8), np.empty((height, width, 3), np.uint8))
+        ale = emulator.ale
+        actions = ale.getLegalActionSet() if self.full_action_space else ale.getMinimalActionSet()
+        self._attach(emulator, [SINGLE_AGENT], [int(a.value) for a in actions])
+
+    def close(self) -> None:
+        pass
+
+
 def make_atari_env(name: str, **kwargs: Any) -> AtariEnv:
-    """`AtariEnv(name, **kwargs)`; an unknown name raises `UnknownGameError` (a `ValueError`)."""
+    """`AtariEnv(name, **kwargs)`, or `SingleAtariEnv` for `ALE/...` and `gym:...` names; an unknown
+    name raises `UnknownGameError` (a `ValueError`)."""
+    if isinstance(name, str) and name.startswith(("ALE/", GYM_PREFIX)):
+        return SingleAtariEnv(name, **kwargs)
     return AtariEnv(_check_game(name), **kwargs)

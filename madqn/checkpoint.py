@@ -7,7 +7,9 @@ state (when the env can capture it, as madqn's own ``AtariEnv`` does) and per ag
 history, the transition waiting for its reward, its episode score and length. Epsilon and the
 learning rate are functions of the step (DQN3.0's schedules), so the step restores them.
 ``checkpoints/replay.pt`` (kind ``madqn-replay``, only with ``save_replay = true``) holds the replay
-memory, tagged with the step of the checkpoint it belongs to.
+memory, tagged with the step of the checkpoint it belongs to. ``madqn export`` writes kind
+``madqn-agents`` (madqn.export): only what playing needs, loaded like a checkpoint by ``madqn eval``,
+``madqn video`` and ``madqn.load_agents`` (``PLAY_KINDS``).
 
 Writing: a temporary file in the same directory, fsync, rename, fsync of the directory; a crash or a
 full disk mid-write leaves the previous file intact. Reading: the zip checksums are verified first
@@ -41,6 +43,8 @@ from madqn.errors import CheckpointError
 FORMAT_VERSION = 2
 TRAINER_KIND = "madqn-trainer"
 REPLAY_KIND = "madqn-replay"
+AGENTS_KIND = "madqn-agents"  # madqn export: online networks, config, observation specs (madqn.export)
+PLAY_KINDS = (TRAINER_KIND, AGENTS_KIND)  # files that can play (madqn eval, madqn video, load_agents)
 LATEST = "latest.pt"
 REPLAY = "replay.pt"
 STAT_KEYS = ("abs_delta", "q_mean", "q2_max")  # Learner.update statistics, in this column order
@@ -117,8 +121,11 @@ def remove_temporaries(directory: Path) -> None:
 
 # ---- loading ------------------------------------------------------------------------------------
 
-def safe_load(path: Path, kind: str = TRAINER_KIND, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+def safe_load(path: Path, kind: str | tuple[str, ...] = TRAINER_KIND, map_location: Any = "cpu",
+              mmap: bool = False) -> dict[str, Any]:
     """Load a madqn checkpoint file without unpickling code; ``CheckpointError`` with one clear line otherwise.
+
+    ``kind``: the file kind expected, or a tuple of accepted kinds (``PLAY_KINDS``).
 
     ``mmap``: tensors stay backed by the file (the replay memory is copied into place without
     holding a second copy in RAM).
@@ -145,9 +152,11 @@ def safe_load(path: Path, kind: str = TRAINER_KIND, map_location: Any = "cpu", m
     if obj["format_version"] != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format {obj['format_version']!r} is not supported "
                               f"(this madqn reads format {FORMAT_VERSION})")
-    if obj.get("kind") != kind:
-        raise CheckpointError(f"refusing to load {path}: it is a {obj.get('kind')!r} file, expected {kind!r}")
-    _check_layout(obj, _LAYOUT[kind], path)
+    kinds = (kind,) if isinstance(kind, str) else tuple(kind)
+    if obj.get("kind") not in kinds:
+        expected = " or ".join(repr(k) for k in kinds)
+        raise CheckpointError(f"refusing to load {path}: it is a {obj.get('kind')!r} file, expected {expected}")
+    _check_layout(obj, _LAYOUT[obj["kind"]], path)
     return obj
 
 
@@ -156,6 +165,8 @@ _LAYOUT: dict[str, dict[str, type | tuple[type, ...]]] = {
                    "wall_time": float, "groups": dict, "rng": dict, "envs": list, "slots": list,
                    "observations": list, "action_masks": list},
     REPLAY_KIND: {"step": int, "groups": dict},
+    AGENTS_KIND: {"config": dict, "agents": list, "step": int, "groups": dict, "observation_specs": dict,
+                  "action_starts": dict},
 }
 
 

@@ -21,7 +21,8 @@ def _train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train DQN3.0 agents in a PettingZoo env",
                        description="Train DQN3.0 agents (one shared or one Q-network per agent). "
                                    "Writes config.toml, episodes.csv, train.csv and checkpoints/ to the run directory.")
-    p.add_argument("--env", help="PettingZoo Atari name (pong_v3), 'package.module:callable' or "
+    p.add_argument("--env", help="PettingZoo Atari name (pong_v3), single-player Atari id (ALE/Pong-v5), "
+                                 "'package.module:callable' or "
                                  "'path/to/file.py:callable' (default: the config's env, pong_v3)")
     p.add_argument("--config", help="TOML config file (see configs/); defaults are DQN3.0's")
     p.add_argument("--sharing", choices=["shared", "independent"], help="one Q-network for all agents, or one each")
@@ -109,3 +110,4 @@ if __name__ == "__main__":
 from madqn import cli_view  # noqa: E402,F401  (madqn plot, madqn video)
 from madqn import bench  # noqa: E402,F401  (registers `madqn bench`)
 from madqn import cli_eval  # noqa: E402,F401  (madqn eval, madqn compare)
+from madqn import export  # noqa: E402,F401  (madqn export)

@@ -34,6 +34,9 @@ def _plot(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--size", type=parse_size, default=(1200, 450), metavar="WxH", help="pixels (default 1200x450)")
     p.add_argument("--dpi", type=int, default=100, help="dots per inch (default 100)")
     p.add_argument("--title", help="figure title")
+    p.add_argument("--source", choices=["episodes", "eval"], default="episodes",
+                   help="episodes: training episodes (episodes.csv, default); eval: the periodic evaluations "
+                        "(eval.csv: each seat's mean score against random players, or in self-play, per evaluation)")
     p.set_defaults(func=run_plot)
 
 
@@ -42,11 +45,14 @@ def run_plot(args: argparse.Namespace) -> int:
 
     if args.smooth < 1:
         raise MadqnError(f"--smooth must be >= 1, got {args.smooth}")
-    runs = [load_run(r) for r in find_runs(args.runs)]
+    runs = [load_run(r, source=args.source) for r in find_runs(args.runs)]
     out = Path(args.out) if args.out else (
         runs[0].run_dir / "plots" / "learning_curves.png" if len(runs) == 1 else Path("runs") / "plots" / "learning_curves.png")
+    ylabel = None
+    if args.source == "eval":
+        ylabel = "evaluation score (raw" + (f", {args.smooth}-evaluation mean)" if args.smooth > 1 else ")")
     plot_learning_curves(runs, out, window=args.smooth, size=args.size, dpi=args.dpi, band=args.band,
-                         title=args.title)
+                         title=args.title, ylabel=ylabel)
     print(f"wrote {out} ({args.size[0]}x{args.size[1]} px)")
     for label, members in group_variants(runs):
         print(f"  {label}: " + ", ".join(str(m.run_dir) for m in members))

@@ -31,7 +31,7 @@ def _f(default: Any, doc: str, **kw: Any) -> Any:
 @dataclass
 class Config:
     # --- run ---------------------------------------------------------------------------------
-    env: str = _f("pong_v3", "environment: a PettingZoo Atari name, 'package.module:callable' or 'file.py:callable'")
+    env: str = _f("pong_v3", "environment: a PettingZoo Atari name, a single-player Atari id (ALE/Pong-v5, gym:PongNoFrameskip-v4), 'package.module:callable' or 'file.py:callable'")
     sharing: str = _f("independent", "'shared': one Q-network for all agents; 'independent': one per agent",
                       choices=("shared", "independent"))
     agent_indicator: bool = _f(True, "shared mode: feed a one-hot agent id to the network (extra constant channels)")

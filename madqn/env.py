@@ -1,7 +1,8 @@
 """Environments by spec, all presented through one internal parallel-style interface.
 
-Specs: a PettingZoo Atari name (``pong_v3``), an import path ``package.module:callable`` or a file
-path ``path/to/file.py:callable``; the callable takes no arguments and returns a PettingZoo
+Specs: a PettingZoo Atari name (``pong_v3``), a single-player Atari game by its Gymnasium id
+(``ALE/Pong-v5``, ``gym:PongNoFrameskip-v4``: a one-agent env, ``madqn.atari.SingleAtariEnv``), an
+import path ``package.module:callable`` or a file path ``path/to/file.py:callable``; the callable takes no arguments and returns a PettingZoo
 ``ParallelEnv`` or ``AECEnv``. ``make_env`` also takes such a callable or an env directly.
 
 Adapters (``ParallelAdapter``, ``AECAdapter``) give every user env the interface the runner expects
@@ -27,7 +28,8 @@ from gymnasium import spaces
 from madqn.config import Config
 from madqn.errors import MadqnError
 
-SPEC_FORMS = "a PettingZoo Atari name (e.g. pong_v3), 'package.module:callable' or 'path/to/file.py:callable'"
+SPEC_FORMS = ("a PettingZoo Atari name (e.g. pong_v3), a single-player Atari id (ALE/Pong-v5, gym:PongNoFrameskip-v4), "
+              "'package.module:callable' or 'path/to/file.py:callable'")
 
 IMAGE_MIN_SIDE = 8  # uint8 arrays with both spatial sides >= this are images under network = "auto"
 
@@ -85,7 +87,7 @@ def make_env(spec: Any, config: Config, seed: int | None = None, *, convert: boo
     """
     from madqn import atari
 
-    if isinstance(spec, str) and ":" not in spec:
+    if isinstance(spec, str) and (":" not in spec or spec.startswith(atari.GYM_PREFIX)):
         if spec.endswith(".py"):
             load_env_factory(spec)  # raises the "missing ':callable'" error
         try:

@@ -1,4 +1,5 @@
-"""madqn.atari: DQN3.0 frame preprocessing and the PettingZoo multi-player Atari env."""
+"""madqn.atari: DQN3.0 frame preprocessing, the PettingZoo multi-player Atari env and the ale-py
+single-player env (the same pipeline)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import pytest
 
 from madqn.atari import (
     ATARI_GAMES,
+    SINGLE_AGENT,
     AtariEnv,
+    SingleAtariEnv,
     UnknownGameError,
+    is_atari_spec,
     make_atari_env,
     preprocess_frame,
     rom_dir,
@@ -363,3 +367,130 @@ def test_unknown_game_suggests_close_matches():
     with pytest.raises(ValueError, match="unknown Atari game"):
         AtariEnv("not_a_game")
     assert make_atari_env("pong_v3", noop_max=0).noop_max == 0
+
+
+# -- SingleAtariEnv: ale-py single-player games through the same pipeline ---------------------
+
+
+def _gymnasium_reference(env_id: str):
+    """ale-py's own Gymnasium env emulating ONE frame per step, no sticky actions, RGB screens:
+    an independent frame-by-frame reference for madqn's action repeat, reward sums and pooling."""
+    import ale_py
+    import gymnasium
+
+    gymnasium.register_envs(ale_py)
+    return gymnasium.make(env_id, frameskip=1, repeat_action_probability=0.0, obs_type="rgb",
+                          max_num_frames_per_episode=None).unwrapped
+
+
+@pytest.mark.parametrize("name, env_id", [("ALE/Pong-v5", "ALE/Pong-v5"),
+                                          ("gym:PongNoFrameskip-v4", "PongNoFrameskip-v4")])
+def test_single_agent_pong_matches_ale_py_stepped_frame_by_frame(name, env_id):
+    seed = 3
+    env = make_atari_env(name, noop_max=0, seed=seed)
+    assert isinstance(env, SingleAtariEnv)
+    assert env.possible_agents == [SINGLE_AGENT] == ["player_0"]
+    assert env.action_space("player_0").n == 6  # pong's minimal action set
+    assert env.observation_space("player_0").shape == (84, 84)
+    assert env.ale.getInt("frame_skip") == 1 and env.ale.getFloat("repeat_action_probability") == 0.0
+    reference = _gymnasium_reference(env_id)
+    observations, _ = env.reset()
+    last_screen, _ = reference.reset(seed=seed)
+    assert np.array_equal(observations["player_0"], preprocess_frame(last_screen, last_screen))
+
+    rng = np.random.default_rng(seed)
+    total_abs_reward, pooled_differs = 0.0, 0
+    for step in range(1, 301):
+        action = int(rng.integers(6))
+        observations, rewards, terminations, truncations, _ = env.step({"player_0": action})
+        reward, screens = 0.0, [last_screen]
+        for _ in range(4):
+            screen, r, terminated, _, _ = reference.step(action)
+            reward += r
+            screens.append(screen)
+        last_screen = screens[-1]
+        assert env.ale.getEpisodeFrameNumber() == reference.ale.getEpisodeFrameNumber() == 4 * step
+        assert rewards == {"player_0": reward}
+        assert terminations == {"player_0": terminated} and truncations == {"player_0": False}
+        expected = preprocess_frame(screens[-2], screens[-1])
+        assert np.array_equal(observations["player_0"], expected)
+        pooled_differs += not np.array_equal(expected, preprocess_frame(screens[-1], screens[-1]))
+        total_abs_reward += abs(reward)
+    assert total_abs_reward > 0  # points were scored, so reward sums were really compared
+    assert pooled_differs > 100  # the max over two frames mattered (the ball moves), so pooling was compared
+    reference.close()
+
+
+def test_single_agent_life_loss_and_game_over_follow_ale_py():
+    """Breakout has 5 lives: each loss is flagged (a learning terminal), the game goes on, game over terminates."""
+    env = make_atari_env("ALE/Breakout-v5", noop_max=0, seed=0)
+    reference = _gymnasium_reference("ALE/Breakout-v5")
+    env.reset()
+    _, info = reference.reset(seed=0)
+    lives = info["lives"]
+    assert lives == 5 and env.action_space("player_0").n == 4
+    rng = np.random.default_rng(0)
+    losses = 0
+    while env.agents:
+        action = int(rng.integers(4))
+        _, _, terminations, _, infos = env.step({"player_0": action})
+        for _ in range(4):
+            _, _, terminated, _, info = reference.step(action)
+            if terminated:
+                break
+        lost = info["lives"] < lives and not terminated
+        assert infos["player_0"].get("life_lost", False) == lost
+        assert terminations["player_0"] == terminated
+        losses += lost
+        lives = info["lives"]
+    assert losses == 4 and lives == 0
+
+
+def test_single_agent_noop_starts_seeds_sticky_actions_truncation_and_state():
+    def frames(env, n_steps, seed=None):
+        rng = np.random.default_rng(5)
+        out = [env.reset(seed=seed)[0]["player_0"]]
+        out += [env.step({"player_0": int(rng.integers(6))})[0]["player_0"] for _ in range(n_steps)]
+        return out
+
+    same = [frames(make_atari_env("ALE/Pong-v5", seed=7), 40) for _ in range(2)]
+    assert all(np.array_equal(a, b) for a, b in zip(*same, strict=True))
+    sticky = [frames(make_atari_env("ALE/Pong-v5", seed=7, sticky_actions=0.5), 40) for _ in range(2)]
+    assert all(np.array_equal(a, b) for a, b in zip(*sticky, strict=True))
+    assert any(not np.array_equal(a, b) for a, b in zip(sticky[0], same[0], strict=True))
+
+    counts = set()
+    for seed in range(6):
+        env = make_atari_env("ALE/Pong-v5", seed=seed)
+        env.reset()
+        counts.add(env.ale.getEpisodeFrameNumber())
+    assert counts <= set(range(1, 31)) and len(counts) > 1  # 1..30 no-op frames
+
+    env = make_atari_env("ALE/Pong-v5", max_cycles=3, seed=0)
+    env.reset()
+    truncated = [env.step({"player_0": 0})[3]["player_0"] for _ in range(3)]
+    assert truncated == [False, False, True] and env.agents == []
+
+    env = make_atari_env("ALE/Pong-v5", seed=1)
+    frames(env, 25)
+    state = env.get_state()
+    rng = np.random.default_rng(9)
+    actions = [int(rng.integers(6)) for _ in range(30)]
+    ahead = [env.step({"player_0": a})[0]["player_0"] for a in actions]
+    restored = make_atari_env("ALE/Pong-v5", seed=2)
+    restored.set_state(state)
+    again = [restored.step({"player_0": a})[0]["player_0"] for a in actions]
+    assert all(np.array_equal(a, b) for a, b in zip(ahead, again, strict=True))
+    with pytest.raises(ValueError, match="ALE/Pong-v5"):
+        make_atari_env("ALE/Breakout-v5").set_state(state)
+
+
+def test_unknown_single_player_name_is_one_clear_error():
+    with pytest.raises(UnknownGameError, match="did you mean 'ALE/Pong-v5'"):
+        make_atari_env("ALE/Pongg-v5")
+    with pytest.raises(UnknownGameError, match="did you mean 'gym:PongNoFrameskip-v4'"):
+        make_atari_env("gym:PongNoFrameskp-v4")
+    with pytest.raises(UnknownGameError, match="did you mean 'gym:PongNoFrameskip-v4'"):
+        make_atari_env("PongNoFrameskip-v4")  # a Gymnasium id needs gym: (or the ALE/ form)
+    assert is_atari_spec("ALE/Pong-v5") and is_atari_spec("gym:Pong-v4") and is_atari_spec("pong_v3")
+    assert not is_atari_spec("envs/catch.py:make_env")

@@ -28,7 +28,8 @@ def test_dqn3_toml_holds_every_default_and_documents_units():
     assert "[agent steps]" in text and "[transitions]" in text
 
 
-@pytest.mark.parametrize("name", ["dqn3.toml", "pong_shared.toml", "pong_independent.toml", "smoke.toml"])
+@pytest.mark.parametrize("name", ["dqn3.toml", "pong_shared.toml", "pong_independent.toml", "smoke.toml",
+                                  "pong_fast.toml", "pong_single_fast.toml", "boxing_fast.toml"])
 def test_shipped_configs_load(name):
     make_config(CONFIGS / name)
 

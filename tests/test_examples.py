@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT / "envs"))
 
 import catch  # noqa: E402
 import gridrace  # noqa: E402
+import shared_catch  # noqa: E402
 from helpers import read_csv  # noqa: E402
 
 TINY = {"steps": 160, "learn_start": 100, "update_freq": 4, "target_q": 40, "replay_memory": 2_000,
@@ -30,7 +31,7 @@ TINY = {"steps": 160, "learn_start": 100, "update_freq": 4, "target_q": 40, "rep
 # ---- PettingZoo API tests -------------------------------------------------------------------
 
 @pytest.mark.parametrize("factory", [catch.make_env, catch.make_env_3, catch.make_small_env,
-                                     gridrace.make_env, gridrace.make_heterogeneous_env])
+                                     gridrace.make_env, gridrace.make_heterogeneous_env, shared_catch.make_env])
 def test_parallel_api(factory):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -42,7 +43,7 @@ def test_aec_api():
     api_test(gridrace.make_aec_env(), num_cycles=300)
 
 
-@pytest.mark.parametrize("factory", [catch.make_env, gridrace.make_env])
+@pytest.mark.parametrize("factory", [catch.make_env, gridrace.make_env, shared_catch.make_env])
 def test_same_seed_same_episode(factory):
     def rollout(seed):
         env = factory()
@@ -61,6 +62,39 @@ def test_same_seed_same_episode(factory):
 
 
 # ---- rules ---------------------------------------------------------------------------------
+
+def test_shared_catch_one_screen_for_all_and_optimal_moves_match_a_search():
+    """Every catcher gets the same frame; optimal_moves (a look-ahead of the ball) agrees with an exhaustive
+    search over move sequences played through step() on copies of the env."""
+    import copy
+
+    env = shared_catch.SharedCatchEnv(cell=1)
+    observations, _ = env.reset(seed=3)
+    rng = np.random.default_rng(0)
+    checked = 0
+    for _ in range(120):
+        frame = observations["catcher_0"]
+        assert observations["catcher_1"] is frame and frame.shape == (9, 9)
+        for i in range(2):
+            assert frame[8, 5 * i + env._paddle[i]] == 255 and frame[env._ball_row[i], 5 * i + env._ball_col[i]] == 255
+        assert (frame[:, 4] == shared_catch.WALL).all()
+        steps_left = env.height - 1 - int(env._ball_row[0])
+        if steps_left <= 4:  # 3 ** steps_left move sequences
+            searched = set()
+            for first in range(3):
+                for rest in np.ndindex(*([3] * (steps_left - 1))):
+                    trial = copy.deepcopy(env)
+                    for move in (first, *rest):
+                        _, rewards, _, _, _ = trial.step({"catcher_0": move, "catcher_1": 0})
+                    if rewards["catcher_0"] == 1.0:
+                        searched.add(first)
+                        break
+            assert env.optimal_moves("catcher_0") == (searched or {0, 1, 2})
+            checked += 1
+        observations, *_ = env.step({a: int(rng.integers(3)) for a in env.agents})
+        if not env.agents:
+            observations, _ = env.reset()
+    assert checked > 40
 
 class ScriptedCatcher:
     """Reads its own lane (white cells on the left) from the raw image and moves under the ball.

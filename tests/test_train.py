@@ -81,3 +81,24 @@ def test_library_train_returns_result(tmp_path):
     result = madqn.train("pong_v3", SMOKE, run_dir=tmp_path / "lib", steps=120, learn_start=40, sharing="independent")
     assert result.steps == 120 and result.updates == {"first_0": 20, "second_0": 20}
     assert result.checkpoint.is_file() and (result.run_dir / "config.toml").is_file()
+
+
+def test_cli_train_single_agent_gymnasium_pong(tmp_path):
+    """`--env ALE/Pong-v5`: ale-py's single-player Pong as a one-agent env, through the same runner."""
+    run_dir = tmp_path / "run"
+    cmd, env = madqn_cmd("train", "--env", "ALE/Pong-v5", "--config", str(SMOKE), "--run-dir", str(run_dir))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "done: 300 agent steps" in proc.stdout
+    rows = read_csv(run_dir / "train.csv")
+    final = {r["learner"]: int(r["updates"]) for r in rows if int(r["step"]) == 300}
+    assert final == {"player_0": 50}  # (300 - 100) / 4
+    episodes = read_csv(run_dir / "episodes.csv")
+    assert [r["agent"] for r in episodes] == ["player_0", "player_0"]  # max_cycles 150
+    assert make_config(run_dir / "config.toml").env == "ALE/Pong-v5"
+    assert safe_load(run_dir / "checkpoints" / "latest.pt")["agents"] == ["player_0"]
+
+    cmd, env = madqn_cmd("train", "--env", "ALE/Pongg-v5", "--config", str(SMOKE), "--run-dir", str(tmp_path / "bad"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "did you mean 'ALE/Pong-v5'" in proc.stderr

@@ -481,3 +481,29 @@ def test_train_ends_with_a_run_summary(trained):
         assert shutil.which(program) or Path(program).is_file(), program
     assert "step_000000300.mp4" in summary
     assert not math.isnan(float(re.search(r"([\d.]+) s wall", summary)[1]))
+
+
+def test_plot_of_the_periodic_evaluations(tmp_path, madqn_cli):
+    """`madqn plot --source eval` draws each seat's mean evaluation score (eval.csv) against the step;
+    an evaluation with no finished episode is skipped."""
+    from madqn.plot import learning_curves_figure, load_run
+
+    run_dir = tmp_path / "run"
+    write_run(run_dir, 1, "shared", [(10, a, 0.0) for a in AGENTS])
+    rows = [(100, "first_0", 3, -5.0), (100, "second_0", 3, -7.0), (200, "first_0", 0, 0.0),
+            (200, "second_0", 2, 1.5), (300, "first_0", 3, 12.0), (300, "second_0", 3, 9.0)]
+    with open(run_dir / "eval.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "seat", "opponent", "episodes", "mean", "std", "ci_low", "ci_high", "length_mean",
+                    "epsilon", "wall_time"])
+        for step, seat, n, mean in rows:
+            w.writerow([step, seat, "random", n, mean, 1.0, mean - 1, mean + 1, 900, 0.05, 1.0])
+    fig = learning_curves_figure([load_run(run_dir, source="eval")], window=1, size=(600, 300))
+    first, second = (ax.get_lines()[0] for ax in fig.axes)
+    assert list(first.get_xdata()) == [100, 300] and list(first.get_ydata()) == [-5.0, 12.0]
+    assert list(second.get_xdata()) == [100, 200, 300] and list(second.get_ydata()) == [-7.0, 1.5, 9.0]
+    out = tmp_path / "eval.png"
+    proc = run_cli(madqn_cli, "plot", run_dir, "--source", "eval", "--smooth", "1", "--out", out, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with Image.open(out) as im:
+        assert im.size == (1200, 450)
