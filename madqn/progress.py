@@ -93,13 +93,16 @@ class Progress:
 
     ``update(done, fields)`` moves to ``done`` (absolute). On a terminal (``tty``; default: ``out``
     is a TTY) a tqdm bar shows done/total, steps/s, ETA and ``fields`` as ``key=value``, refreshed
-    at most every ``refresh_s`` seconds. Otherwise one line per ``every`` steps (and a final one in
-    ``close``): done/total, steps/s since the previous line, ETA at the mean rate so far, then the
-    fields. ``fields`` may be a zero-argument callable, called only when something is shown.
+    at most every ``refresh_s`` seconds. Otherwise one line per ``every`` steps, and one whenever
+    ``quiet_s`` seconds passed without a line (a slow learning phase must not look hung), and a final
+    one in ``close``: done/total, steps/s since the previous line, ETA at that rate, then the fields.
+    ``fields`` may be a zero-argument callable, called only when something is shown.
     """
 
     def __init__(self, total: int, *, every: int, desc: str = "", initial: int = 0, unit: str = "step",
-                 out: TextIO | None = None, tty: bool | None = None, refresh_s: float = 0.5):
+                 out: TextIO | None = None, tty: bool | None = None, refresh_s: float = 0.5,
+                 quiet_s: float | None = 60.0):
+        self.quiet_s = quiet_s
         self.total = int(total)
         self.every = max(int(every), 1)
         self.desc = desc
@@ -133,7 +136,8 @@ class Progress:
             if fields is not None and now - self.last_fields >= self.refresh_s:
                 self.last_fields = now
                 self.bar.set_postfix_str(self._postfix(fields), refresh=False)
-        elif self.done >= self.next_line:
+        elif self.done >= self.next_line or (self.quiet_s is not None and self.done > self.shown
+                                             and time.monotonic() - self.last_time >= self.quiet_s):
             self.print_line(fields)
             self.next_line = (self.done // self.every + 1) * self.every
 

@@ -115,6 +115,28 @@ def test_live_bar_shows_the_windowed_rate(monkeypatch):
     p.close()
 
 
+def test_plain_progress_never_stays_silent_for_a_minute(monkeypatch):
+    """Without a terminal, lines come every `every` steps, and also after 60 s without one (learning at
+    4 steps/s with prog_freq 10000 would otherwise print once in 40 minutes)."""
+    import io
+
+    from madqn import progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    out = io.StringIO()
+    p = progress.Progress(100_000, every=10_000, out=out, tty=False)
+    for k in range(1, 101):  # 100 s at 100 steps/s: the 10000-step line at 100 s, a quiet line at 60 s
+        now[0] = float(k)
+        p.update(100 * k)
+    for k in range(1, 151):  # then 150 s at 4 steps/s: quiet lines at 160 and 220 s
+        now[0] = 100.0 + k
+        p.update(10_000 + 4 * k)
+    steps = [int(line.split()[1].split("/")[0]) for line in out.getvalue().splitlines()]
+    assert steps == [6000, 10_000, 10_240, 10_480]
+    assert "| 4 steps/s |" in out.getvalue().splitlines()[-1]
+
+
 @pytest.mark.parametrize("elapsed, episodes, steps, bounds, expected", [
     (10.0, 2, 500, dict(total_episodes=10), 40.0),                            # 5 s per episode, 8 to go
     (10.0, 2, 500, dict(total_episodes=10, max_seconds=60.0), 40.0),         # the episodes end first
