@@ -176,13 +176,13 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], Config]:
 
 
 def load_for_play(path: str | Path, eps: float | None = None) -> tuple[dict[str, Any], Config, float]:
-    """``load_checkpoint`` plus what playing needs: torch threads as the run set them, and the epsilon
+    """``load_checkpoint`` plus what playing needs: torch threads as the run chose them, and the epsilon
     to act with (the run's ``eval_ep`` unless ``eps`` is given), checked to lie in [0, 1]."""
     from madqn.errors import MadqnError
+    from madqn.runner import resolve_threads
 
     state, config = load_checkpoint(path)
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
+    torch.set_num_threads(resolve_threads(config.num_threads)[0])
     epsilon = config.eval_ep if eps is None else eps
     if not 0.0 <= epsilon <= 1.0:
         raise MadqnError(f"--eps must be in [0, 1], got {epsilon}")

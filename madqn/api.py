@@ -11,7 +11,6 @@ with a checkpoint; a second signal exits at once, leaving the last complete chec
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import signal
 import sys
@@ -25,6 +24,7 @@ from madqn.atari import is_atari_spec
 from madqn.checkpoint import (LATEST, REPLAY, REPLAY_KIND, atomic_save, atomic_write_text,
                               close_interrupted_episodes, load_run_checkpoint, remove_temporaries, replay_state,
                               restore_replay, restore_trainer, safe_load, trainer_state, truncate_csv)
+from madqn.commands import resume_command
 from madqn.config import Config, _check_keys, load_toml, make_config
 from madqn.errors import CheckpointError, ConfigError, MadqnError, NonFiniteError
 from madqn.eval_hook import EvalHook
@@ -39,7 +39,7 @@ from madqn.video import VideoHook
 
 # Config keys a resumed run may change: they do not alter what was learned or how the saved state is read.
 RESUME_SAFE_KEYS = ("steps", "device", "num_threads", "prog_freq", "save_freq", "save_replay", "final_eval_episodes",
-                    "eval_freq", "eval_steps", "eval_ep", "eval_opponent")
+                    "final_eval_seconds", "eval_freq", "eval_steps", "eval_ep", "eval_opponent")
 
 
 @dataclass
@@ -55,10 +55,6 @@ class RunResult:
     resumed_from: int | None = None  # step of the checkpoint this run continued from
     eval_scores: dict[str, float] = field(default_factory=dict)  # agent -> mean raw score of the final evaluation
     evaluation: EvalResult | None = None  # the final evaluation's per-episode scores (None if final_eval_episodes = 0)
-
-
-def resume_command(run_dir: Path) -> str:
-    return f"madqn train --resume {shlex.quote(str(run_dir))}"
 
 
 class CheckpointHook(Hook):
@@ -267,8 +263,8 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
     if cfg.backend == "ray":  # actors on Ray, this process learns (madqn.distributed)
         from madqn.distributed import DistributedTrainer as trainer_class
     trainer = trainer_class(cfg, env, hooks=[guard, metrics, checkpoints, EvalHook(run_dir_path), *watch, *hooks])
-    print(first_line(cfg, device, precision_why), flush=True)
     try:
+        print(start_line(trainer, run_dir_path, precision_why), flush=True)
         if state is not None:
             _restore(trainer, state, ckpt_path, run_dir_path)
             checkpoints.saved_step = resumed_from = trainer.step
@@ -282,7 +278,8 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
         wall_time = time.time() - start
         evaluation = None
         if trainer.step >= cfg.steps and guard.error is None and checkpoints.error is None:
-            evaluation = final_evaluation(trainer, env if env is not None else cfg.env, run_dir_path)
+            evaluation = final_evaluation(trainer, env if env is not None else cfg.env, run_dir_path,
+                                          wall_time=wall_time)
     finally:
         trainer.close()
     for error in (guard.error, checkpoints.error):
@@ -298,11 +295,16 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
         eval_scores=evaluation.mean_scores() if evaluation is not None else {}, evaluation=evaluation)
 
 
-def first_line(cfg: Config, device: Any, precision_why: str) -> str:
-    """What the run is about to do, printed before anything else: the env, sharing, length, device
+def start_line(trainer: Trainer, run_dir: Path, precision_why: str) -> str:
+    """The run's first line: what trains where, on which device with how many torch threads (and why),
     and the learner's arithmetic (with what ``precision = "auto"`` chose and why)."""
-    return (f"madqn train: {cfg.env}, sharing {cfg.sharing}, seed {cfg.seed}, {cfg.steps:,} agent steps, "
-            f"device {device}, precision {cfg.precision} ({precision_why})")
+    import torch
+
+    c = trainer.config
+    threads = getattr(trainer, "torch_threads", torch.get_num_threads())
+    why = getattr(trainer, "threads_reason", "num_threads" if c.num_threads else "torch's default")
+    return (f"madqn train: {c.env}, sharing {c.sharing}, seed {c.seed}, {c.steps:,} agent steps -> {run_dir} | "
+            f"device {trainer.device}, torch threads {threads} ({why}), precision {c.precision} ({precision_why})")
 
 
 class _NoSignals:
@@ -353,23 +355,43 @@ def _restore(trainer: Trainer, state: dict[str, Any], ckpt_path: Path, run_dir: 
     print(f"resuming {run_dir} at step {step}: {memory}; {episodes}", flush=True)
 
 
-def final_evaluation(trainer: Trainer, env: Any, run_dir: Path) -> EvalResult | None:
+def final_eval_budget(config: Config, wall_time: float) -> float:
+    """Seconds the final evaluation may take: ``final_eval_seconds``, or by default max(60 s, 10% of
+    the training wall time), so that a short run is not followed by minutes of evaluation."""
+    return config.final_eval_seconds if config.final_eval_seconds > 0 else max(60.0, 0.1 * wall_time)
+
+
+def final_evaluation(trainer: Trainer, env: Any, run_dir: Path, wall_time: float = 0.0) -> EvalResult | None:
     """``final_eval_episodes`` episodes of the trained networks (epsilon ``eval_ep``, raw scores,
-    within ``eval_steps`` agent steps) on a fresh env (or the given env instance), written to
-    ``final_eval.csv``. Seeds differ from the training envs'."""
+    within ``eval_steps`` agent steps and ``final_eval_budget`` seconds; the episode a budget cuts
+    short is dropped), in every seat, on a fresh env (or the given env instance), with a progress
+    line per episode, written to ``final_eval.csv``. Seeds differ from the training envs'."""
     from madqn.agents import Agents
     from madqn.metrics import CsvWriter
+    from madqn.progress import EvalProgress
 
     cfg = trainer.config
     if cfg.final_eval_episodes == 0:
         return None
     agents = Agents.from_trainer(trainer, seed=cfg.seed)
+    seconds = final_eval_budget(cfg, wall_time)
+    progress = EvalProgress("final evaluation", episodes=cfg.final_eval_episodes, max_steps=cfg.eval_steps,
+                            max_seconds=seconds)
     result = evaluate(env, agents, episodes=cfg.final_eval_episodes, epsilon=cfg.eval_ep,
-                      seed=cfg.seed + 1_000_000, max_steps=cfg.eval_steps, config=cfg)
-    writer = CsvWriter(Path(run_dir) / "final_eval.csv", ["episode", "agent", "score", "length", "epsilon", "step"])
+                      seed=cfg.seed + 1_000_000, max_steps=cfg.eval_steps, max_seconds=seconds, config=cfg,
+                      on_episode=progress)
+    progress.close()
+    if result.stopped_by is not None:
+        limit = f"{seconds:.0f} s (final_eval_seconds)" if result.stopped_by == "time" else \
+            f"{cfg.eval_steps} agent steps (eval_steps)"
+        print(f"final evaluation: {result.episodes} of {cfg.final_eval_episodes} episodes completed within "
+              f"{limit}; the cut episode is dropped", flush=True)
+    # every seat is played by the trained networks (self-play): the opponent of a seat is the same networks
+    writer = CsvWriter(Path(run_dir) / "final_eval.csv",
+                       ["episode", "agent", "seat", "opponent", "score", "length", "epsilon", "step"])
     for k in range(result.episodes):
         for a in result.agents:
-            writer.write({"episode": k + 1, "agent": a, "score": result.scores[a][k], "length": result.lengths[a][k],
-                          "epsilon": cfg.eval_ep, "step": trainer.step})
+            writer.write({"episode": k + 1, "agent": a, "seat": a, "opponent": "self", "score": result.scores[a][k],
+                          "length": result.lengths[a][k], "epsilon": cfg.eval_ep, "step": trainer.step})
     writer.close()
     return result

@@ -272,17 +272,25 @@ class _SinglePlayerEmulator(_Emulator):
         self.ale.restoreState(ale_py.ALEState(np.ascontiguousarray(data, dtype=np.uint8).tobytes()))
 
 
+def close_games(name: str, cutoff: float = 0.8) -> list[str]:
+    """At most two games whose name, or name without its version (``pong`` for ``pong_v3``), is as
+    similar to ``name`` as ``cutoff`` (difflib's ratio): typos, not games that merely share a suffix."""
+    def similarity(game: str) -> float:
+        base = game.rsplit("_v", 1)[0]
+        return max(difflib.SequenceMatcher(None, name, game).ratio(), difflib.SequenceMatcher(None, name, base).ratio())
+
+    scored = sorted(((similarity(g), g) for g in ATARI_GAMES), reverse=True)
+    return [g for score, g in scored[:2] if score >= cutoff]
+
+
 def _check_game(name: str) -> str:
     if name in ATARI_GAMES:
         return name
-    matches = difflib.get_close_matches(name, ATARI_GAMES, n=3, cutoff=0.5)
-    if name in single_player_ids():
-        matches = [GYM_PREFIX + name]
-    hint = f"did you mean {' or '.join(repr(m) for m in matches)}? " if matches else ""
-    raise UnknownGameError(
-        f"unknown Atari game {name!r}; {hint}known games: {', '.join(ATARI_GAMES)}; "
-        f"single-player games: ALE/<Game>-v5 or {GYM_PREFIX}<Gymnasium id>, e.g. ALE/Pong-v5"
-    )
+    matches = [GYM_PREFIX + name] if name in single_player_ids() else close_games(name)
+    if matches:
+        raise UnknownGameError(f"unknown Atari game {name!r} (did you mean {' or '.join(map(repr, matches))}?)")
+    raise UnknownGameError(f"unknown Atari game {name!r} (the games: {', '.join(ATARI_GAMES)}; single-player games: "
+                           f"ALE/<Game>-v5 or {GYM_PREFIX}<Gymnasium id>, e.g. ALE/Pong-v5)")
 
 
 class AtariEnv(ParallelEnv):

@@ -69,13 +69,13 @@ def checkpoint_file(path: str | Path, which: str = "latest") -> Path:
 def run_eval(args: argparse.Namespace) -> int:
     from madqn.agents import Agents, load_agents, load_for_play
     from madqn.env import make_env
-    from madqn.progress import Progress
+    from madqn.progress import EvalProgress
     from madqn.protocol import Player, cross_play, cross_settings, self_play, vs_random
     from madqn.runner import resolve_device
     from madqn.video import check_video_path
 
-    if args.episodes < 2:
-        raise MadqnError(f"--episodes must be >= 2 (a confidence interval needs two episodes), got {args.episodes}")
+    if args.episodes < 1:
+        raise MadqnError(f"--episodes must be >= 1, got {args.episodes}")
     if args.video:
         check_video_path(args.video)
         if args.video_episodes < 1:
@@ -103,14 +103,9 @@ def run_eval(args: argparse.Namespace) -> int:
             b.policy.check_env(env, str(other))
             kind = "cross"
         n_settings = {"random": len(agents) + 1, "self": 1}.get(kind) or len(cross_settings(agents, "a", "b"))
-        progress = Progress(n_settings, every=1, desc="eval", unit="setting")
-        done = [0]
-
-        def tick() -> None:
-            done[0] += 1
-            progress.update(done[0])
-
-        kw = dict(episodes=args.episodes, epsilon=epsilon, seed=args.seed, config=env_config, on_setting=tick)
+        desc = {"random": "eval vs random", "self": "eval self-play", "cross": "eval cross-play"}[kind]
+        progress = EvalProgress(desc, episodes=n_settings * args.episodes)
+        kw = dict(episodes=args.episodes, epsilon=epsilon, seed=args.seed, config=env_config, on_episode=progress)
         start = time.time()
         if kind == "random":
             rows = vs_random(env, a, **kw)
@@ -121,7 +116,8 @@ def run_eval(args: argparse.Namespace) -> int:
         progress.close()
         elapsed = time.time() - start
         if args.video:
-            _record(args, env, rows, {a.name: a} | ({b.name: b} if kind == "cross" else {}), epsilon)
+            _record(args, env, rows, {a.name: a} | ({b.name: b} if kind == "cross" else {}), epsilon,
+                    config.video_length)
     finally:
         env.close()
     summary = summarize_eval(rows, kind, a.name, b.name if kind == "cross" else None, agents)
@@ -192,7 +188,9 @@ def format_eval(summary: dict[str, Any]) -> str:
     table = [header]
     for e in summary["lines"]:
         player = e["player"] + (" (baseline)" if e.get("baseline") else "")
-        row = [e.get("seat", "all"), player, str(e["n"]), fmt(e), f"{e['std']:.2f}", fmt(e["length"], 1)]
+        one = e["n"] < 2  # no spread from one episode: n/a
+        row = [e.get("seat", "all"), player, str(e["n"]), fmt(e) + (" ± n/a" if one and e["n"] else ""),
+               "n/a" if one else f"{e['std']:.2f}", fmt(e["length"], 1)]
         if summary["two_sided"]:
             r = e["record"]
             row.append(f"{r['wins']}/{r['draws']}/{r['losses']} ({100 * r['win']:.0f}%/{100 * r['draw']:.0f}%/"
@@ -209,8 +207,8 @@ def format_eval(summary: dict[str, Any]) -> str:
 
 
 def _record(args: argparse.Namespace, env: Any, rows: list[dict[str, Any]], players: dict[str, Any],
-            epsilon: float) -> None:
-    """Video of the first seat assignment that was evaluated."""
+            epsilon: float, video_length: int) -> None:
+    """Video of the first seat assignment that was evaluated, each episode cut at ``video_length`` agent steps."""
     from madqn.evaluation import RandomPolicy
     from madqn.video import check_video_path, record_episodes
 
@@ -232,7 +230,8 @@ def _record(args: argparse.Namespace, env: Any, rows: list[dict[str, Any]], play
         for policy in {id(p): p for p in policies.values()}.values():
             policy.reset()
 
-    recording = record_episodes(env, act, path, args.video_episodes, reset_fn=reset, note=first.replace(" ", ", "))
+    recording = record_episodes(env, act, path, args.video_episodes, max_steps=video_length, reset_fn=reset,
+                                note=first.replace(" ", ", "))
     print(f"video: {path} ({recording.frames} frames, {args.video_episodes} episode(s) of {first})")
 
 

@@ -27,7 +27,7 @@ def _plot(sub: argparse._SubParsersAction) -> None:
                                    "(e.g. runs/) stands for every run in it.")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (or folders of run directories)")
     p.add_argument("--out", help="image file, .png (default RUN_DIR/plots/learning_curves.png for one run, "
-                                 "learning_curves.png for several), .svg or .pdf")
+                                 "runs/plots/learning_curves.png for several), .svg or .pdf")
     p.add_argument("--smooth", type=int, default=10, metavar="N", help="trailing mean over N episodes (default 10)")
     p.add_argument("--band", choices=["minmax", "std"], default="minmax",
                    help="shade across seeds: min..max (default) or mean +- std")
@@ -47,7 +47,7 @@ def run_plot(args: argparse.Namespace) -> int:
         raise MadqnError(f"--smooth must be >= 1, got {args.smooth}")
     runs = [load_run(r, source=args.source) for r in find_runs(args.runs)]
     out = Path(args.out) if args.out else (
-        runs[0].run_dir / "plots" / "learning_curves.png" if len(runs) == 1 else Path("learning_curves.png"))
+        runs[0].run_dir / "plots" / "learning_curves.png" if len(runs) == 1 else Path("runs") / "plots" / "learning_curves.png")
     ylabel = None
     if args.source == "eval":
         ylabel = "evaluation score (raw" + (f", {args.smooth}-evaluation mean)" if args.smooth > 1 else ")")

@@ -261,6 +261,15 @@ def match_jobs(settings: CompareSettings, players: list[PlayerSpec], agents: lis
     return [j for j in jobs if j["episodes"] > 0]
 
 
+def _cached_rows(path: Path, key: dict[str, Any]) -> list[dict] | None:
+    """The rows of a finished evaluation match from the cache, or None (absent, unreadable or another key)."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved["rows"] if isinstance(saved, dict) and saved.get("key") == key else None
+
+
 def _cache_path(settings: CompareSettings, key: dict[str, Any]) -> Path:
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return settings.out / "cache" / f"{key['kind']}-{digest}.json"
@@ -271,14 +280,14 @@ def evaluate_players(settings: CompareSettings, players: list[PlayerSpec], out: 
     from madqn.agents import load_agents
     from madqn.checkpoint import atomic_write_text
     from madqn.env import make_env
-    from madqn.progress import Progress
+    import torch
+
+    from madqn.progress import EvalProgress
     from madqn.protocol import Player, cross_play, cross_settings, random_baseline, vs_random
+    from madqn.runner import resolve_threads
 
     c = settings.config
-    if c.num_threads:
-        import torch
-
-        torch.set_num_threads(c.num_threads)
+    torch.set_num_threads(resolve_threads(c.num_threads)[0])
     env = make_env(c.env, c.replace(terminal_on_life_loss=False), seed=settings.eval_seed, convert=False)
     try:
         agents = list(env.possible_agents)
@@ -298,20 +307,14 @@ def evaluate_players(settings: CompareSettings, players: list[PlayerSpec], out: 
         print(f"compare: {len(players)} networks and random; {len(jobs)} evaluation matches, {episodes} episodes "
               f"at epsilon {settings.epsilon:g}", file=out, flush=True)
         rows: list[dict] = []
-        cached = 0
-        progress = Progress(len(jobs), every=max(1, len(jobs) // 10), desc="compare", unit="eval", out=out)
-        for k, job in enumerate(jobs):
+        saved_rows = [_cached_rows(_cache_path(settings, job["key"]), job["key"]) for job in jobs]
+        cached = sum(r is not None for r in saved_rows)
+        to_play = sum(j["episodes"] * settings_per_kind[j["kind"]] for j, r in zip(jobs, saved_rows) if r is None)
+        progress = EvalProgress("compare: evaluation", episodes=to_play, out=out)
+        for job, job_rows in zip(jobs, saved_rows):
             path = _cache_path(settings, job["key"])
-            job_rows = None
-            if path.is_file():
-                try:
-                    saved = json.loads(path.read_text())
-                    if saved.get("key") == job["key"]:
-                        job_rows, cached = saved["rows"], cached + 1
-                except (OSError, ValueError):
-                    job_rows = None
             if job_rows is None:
-                kw = dict(episodes=job["episodes"], seed=settings.eval_seed, config=c)
+                kw = dict(episodes=job["episodes"], seed=settings.eval_seed, config=c, on_episode=progress)
                 if job["kind"] == "baseline":
                     job_rows = random_baseline(env, **kw)
                 elif job["kind"] == "vs_random":
@@ -322,7 +325,6 @@ def evaluate_players(settings: CompareSettings, players: list[PlayerSpec], out: 
                 path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(path, json.dumps({"key": job["key"], "rows": job_rows}))
             rows += job_rows
-            progress.update(k + 1, {"match": f"{job['kind']} {' vs '.join(job['players']) or 'random'}"})
         progress.close()
         if cached:
             print(f"compare: {cached} of {len(jobs)} evaluation matches read from {settings.out / 'cache'}",

@@ -39,7 +39,7 @@ class Config:
     device: str = _f("auto", "'auto' (cuda if available), 'cpu', 'cuda' or 'cuda:N'")
     steps: int = _f(50_000_000, "training length (DQN3.0 steps: 4 frames each) [agent steps]", min=1)
     num_envs: int = _f(1, "copies of the game stepped together; each copy's agents keep their own histories and replay streams", min=1)
-    num_threads: int = _f(0, "torch CPU threads for the learner (0 = torch's default)", min=0)
+    num_threads: int = _f(0, "torch CPU threads (0 = choose: the cores left after the env workers, 1 on a 2-core machine)", min=0)
     vector_env: str = _f("auto", "where env copies run: 'process' (one worker process each, stepped while the learner works), "
                          "'inline' (in this process, one after another), 'auto' (process when num_envs > 1)",
                          choices=("auto", "process", "inline"))
@@ -131,6 +131,7 @@ class Config:
     eval_opponent: str = _f("random", "periodic evaluation: 'random' (each seat in turn against random others, the multiplayer-ALE protocol) or 'self' (the trained agents in every seat)",
                             choices=("random", "self"))
     final_eval_episodes: int = _f(10, "episodes of the evaluation (epsilon eval_ep, at most eval_steps agent steps) at the end of madqn.train; its mean raw scores are the run's result (0 = none)", min=0)
+    final_eval_seconds: float = _f(0.0, "time limit of the final evaluation; the episode it cuts short is dropped (0 = max(60 s, 10% of the training wall time)) [s]", min=0.0)
     valid_size: int = _f(500, "held-out transitions (drawn at learn_start) for DQN3.0's V and TD-error statistics", min=0)
     prog_freq: int = _f(10_000, "a progress line and a train.csv row every prog_freq agent steps [agent steps]", min=1)
     save_freq: int = _f(125_000, "checkpoint every save_freq agent steps and at the end [agent steps]", min=1)

@@ -168,6 +168,7 @@ class EvalHook(Hook):
     def evaluate(self, trainer: Trainer) -> float:
         """Evaluate now; returns the score (NaN when a seat completed no episode within the budget)."""
         from madqn.agents import Agents
+        from madqn.progress import EvalProgress
         from madqn.protocol import SELF, VS_RANDOM, Player, score_summary, length_summary, self_play, vs_random
 
         c = trainer.config
@@ -178,19 +179,23 @@ class EvalHook(Hook):
         modes = [n.training for n in networks]
         for n in networks:
             n.eval()
+        budget = max(1, c.eval_steps // len(seats)) if c.eval_opponent == "random" else c.eval_steps
+        progress = EvalProgress(f"eval step {trainer.step} ({c.eval_opponent})",
+                                max_steps=budget * (len(seats) if c.eval_opponent == "random" else 1),
+                                out=self.out, interval_s=10.0)
         try:
             if c.eval_opponent == "random":
-                budget = max(1, c.eval_steps // len(seats))
                 rows = vs_random(self.env, player, episodes=budget, epsilon=c.eval_ep, seed=seed, baseline=False,
-                                 max_steps=budget, config=c)
+                                 max_steps=budget, config=c, on_episode=progress)
                 match = VS_RANDOM
             else:
                 rows = self_play(self.env, player, episodes=c.eval_steps, epsilon=c.eval_ep, seed=seed,
-                                 max_steps=c.eval_steps, config=c)
+                                 max_steps=c.eval_steps, config=c, on_episode=progress)
                 match = SELF
         finally:
             for n, mode in zip(networks, modes):
                 n.train(mode)
+        progress.close()
         wall = round(time.time() - trainer.start_time, 3)
         for r in rows:
             self.writers["episodes"].write({"step": trainer.step, **r})

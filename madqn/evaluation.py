@@ -10,8 +10,9 @@ with ``reset()`` and ``act(observations, infos, epsilon) -> {agent: action}``: t
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -66,7 +67,9 @@ class EvalResult:
     scores: dict[str, list[float]] = field(default_factory=dict)  # agent -> raw score per episode
     lengths: dict[str, list[int]] = field(default_factory=dict)  # agent -> its decisions per episode
     steps: list[int] = field(default_factory=list)  # env steps (agent steps) per episode
-    incomplete: int = 0  # episodes cut short by the step budget (not counted, as in DQN3.0)
+    incomplete: int = 0  # episodes cut short by the step or time budget (not counted, as in DQN3.0)
+    stopped_by: str | None = None  # "steps" or "time" when a budget ended the evaluation before `episodes`
+    seconds: float = 0.0  # wall time of the evaluation
 
     @property
     def episodes(self) -> int:
@@ -79,15 +82,17 @@ class EvalResult:
 
 def evaluate(env: Any, policies: Policy | str | Mapping[str, Policy | str], *, episodes: int,
              epsilon: float = 0.05, seed: int | None = None, max_steps: int | None = None,
-             config: Config | None = None) -> EvalResult:
+             max_seconds: float | None = None, config: Config | None = None,
+             on_episode: Callable[[EvalResult], None] | None = None) -> EvalResult:
     """Play ``episodes`` episodes of ``env`` and return every agent's raw scores.
 
     ``env``: anything ``make_env`` takes (spec, factory, PettingZoo env) or an adapter built with
     ``convert=False``. ``policies``: one policy for every seat, or a dict agent -> policy; the
     string "random" stands for a :class:`RandomPolicy`. ``epsilon`` is passed to every policy.
     ``seed``: episode k resets the env with ``seed + k`` (the same episodes for every policy you
-    compare) and seeds the random policies. ``max_steps``: total env-step budget; the episode it
-    cuts short is dropped. ``config``: env settings for Atari names (defaults otherwise).
+    compare) and seeds the random policies. ``max_steps``: total env-step budget, ``max_seconds``:
+    wall-time budget; the episode a budget cuts short is dropped. ``config``: env settings for Atari
+    names (defaults otherwise). ``on_episode(result)`` runs after every completed episode (progress).
     """
     if episodes < 0:
         raise MadqnError(f"episodes must be >= 0, got {episodes}")
@@ -101,6 +106,8 @@ def evaluate(env: Any, policies: Policy | str | Mapping[str, Policy | str], *, e
         result = EvalResult(list(game.possible_agents), epsilon, {a: [] for a in game.possible_agents},
                             {a: [] for a in game.possible_agents})
         total = 0
+        start = time.monotonic()
+        deadline = None if max_seconds is None else start + max_seconds
         for k in range(episodes):
             obs, infos = game.reset(seed=None if seed is None else seed + k)
             for p in unique:
@@ -110,7 +117,12 @@ def evaluate(env: Any, policies: Policy | str | Mapping[str, Policy | str], *, e
             steps = 0
             while game.agents:
                 if max_steps is not None and total >= max_steps:
+                    result.stopped_by = "steps"
+                elif deadline is not None and time.monotonic() >= deadline:
+                    result.stopped_by = "time"
+                if result.stopped_by is not None:
                     result.incomplete += 1
+                    result.seconds = time.monotonic() - start
                     return result
                 acting = [a for a in obs if a in game.agents]
                 actions: dict[str, int] = {}
@@ -130,6 +142,9 @@ def evaluate(env: Any, policies: Policy | str | Mapping[str, Policy | str], *, e
                 result.scores[a].append(scores[a])
                 result.lengths[a].append(lengths[a])
             result.steps.append(steps)
+            result.seconds = time.monotonic() - start
+            if on_episode is not None:
+                on_episode(result)
         return result
     finally:
         if owned:

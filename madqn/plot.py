@@ -23,8 +23,11 @@ from madqn.errors import ConfigError, MadqnError
 # Keys that do not change what is learned (or only how long): not part of a run's variant.
 BOOKKEEPING_KEYS = frozenset({"seed", "device", "num_threads", "steps", "prog_freq", "save_freq", "save_replay",
                               "eval_freq", "eval_steps", "eval_ep", "eval_opponent", "valid_size", "video_freq",
-                              "video_length"})
+                              "video_length", "final_eval_episodes", "final_eval_seconds"})
 BANDS = ("minmax", "std")
+# One colour per sharing mode in every plot (madqn plot, madqn compare), whatever the order of the runs;
+# further variants of one sharing mode (other config keys) take the next free colours of the cycle.
+SHARING_COLOURS = {"shared": "C0", "independent": "C1"}
 
 
 @dataclass
@@ -120,6 +123,19 @@ def group_variants(runs: Sequence[RunCurves]) -> list[tuple[str, list[RunCurves]
     return list(zip(labels, groups.values()))
 
 
+def variant_colours(variants: Sequence[tuple[str, list[RunCurves]]]) -> list[str]:
+    """Matplotlib colours for ``group_variants``' variants: the first variant of each sharing mode gets
+    that mode's colour (``SHARING_COLOURS``), every other variant the next colour not yet used."""
+    spare = [f"C{i}" for i in range(10) if f"C{i}" not in SHARING_COLOURS.values()]
+    colours: list[str] = []
+    for _, members in variants:
+        colour = SHARING_COLOURS.get(members[0].config.sharing)
+        if colour is None or colour in colours:
+            colour = spare[sum(c in spare for c in colours) % len(spare)]
+        colours.append(colour)
+    return colours
+
+
 def plot_learning_curves(runs: Sequence[str | Path | RunCurves], out_path: str | Path, *, window: int = 10,
                          size: tuple[int, int] = (1200, 450), dpi: int = 100, band: str = "minmax",
                          title: str | None = None, ylabel: str | None = None) -> Path:
@@ -138,7 +154,7 @@ def learning_curves_figure(runs: Sequence[str | Path | RunCurves], *, window: in
                            title: str | None = None, ylabel: str | None = None):
     """A matplotlib Figure of ``size`` = (width, height) pixels, one panel per agent: score vs agent steps.
 
-    Each variant is one colour: a single run as its raw scores (faint) and their ``window``-episode
+    Each variant is one colour (``variant_colours``: shared and independent always the same two): a single run as its raw scores (faint) and their ``window``-episode
     trailing mean; several runs as the mean of their smoothed curves on 200 points of the common
     step range with the ``band`` ("minmax" or "std") shaded.
     """
@@ -163,10 +179,10 @@ def learning_curves_figure(runs: Sequence[str | Path | RunCurves], *, window: in
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, layout="constrained")
     axes = fig.subplots(1, len(agents), squeeze=False, sharey=True)[0]
     variants = group_variants(loaded)
+    colours = variant_colours(variants)
     for ax, agent in zip(axes, agents):
-        for i, (label, members) in enumerate(variants):
-            _draw_variant(ax, [m.curves[agent] for m in members if agent in m.curves], label, f"C{i % 10}",
-                          window, band)
+        for (label, members), colour in zip(variants, colours):
+            _draw_variant(ax, [m.curves[agent] for m in members if agent in m.curves], label, colour, window, band)
         ax.set_title(agent)
         ax.set_xlabel("agent steps")
         ax.grid(alpha=0.3)

@@ -54,10 +54,11 @@ RANDOM_PLAYER = Player(RANDOM, RANDOM)
 
 def play(env: Any, seats: Mapping[str, Player], *, match: str, episodes: int, epsilon: float, seed: int,
          sides: Sequence[Sequence[str]] | None = None, max_steps: int | None = None,
-         config: Any = None) -> list[dict[str, Any]]:
+         config: Any = None, on_episode: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
     """Play one setting (``seats``: seat -> player) and return one row per seat per completed episode.
 
     ``sides``: the seat groups whose outcomes are scored together (default: the seats of each player).
+    ``on_episode``: called after every completed episode (``madqn.progress.EvalProgress``).
     """
     from madqn.evaluation import evaluate
 
@@ -77,7 +78,7 @@ def play(env: Any, seats: Mapping[str, Player], *, match: str, episodes: int, ep
         if p != RANDOM and hasattr(p, "rng"):
             p.rng = np.random.default_rng(seed)
     result = evaluate(env, {a: seats[a].policy for a in agents}, episodes=episodes, epsilon=epsilon, seed=seed,
-                      max_steps=max_steps, config=config)
+                      max_steps=max_steps, config=config, on_episode=on_episode)
     setting = " ".join(f"{a}={seats[a].name}" for a in agents)
     rows = []
     for k in range(result.episodes):
@@ -91,8 +92,8 @@ def play(env: Any, seats: Mapping[str, Player], *, match: str, episodes: int, ep
 
 
 def vs_random(env: Any, player: Player, *, episodes: int, epsilon: float, seed: int, baseline: bool = True,
-              max_steps: int | None = None, config: Any = None,
-              on_setting: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+              max_steps: int | None = None, config: Any = None, on_setting: Callable[[], None] | None = None,
+              on_episode: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
     """``player`` in each seat against random others; with ``baseline`` also all-random on the same seeds.
 
     ``max_steps`` is the env-step budget of each setting; ``on_setting()`` is called after each setting.
@@ -103,10 +104,11 @@ def vs_random(env: Any, player: Player, *, episodes: int, epsilon: float, seed: 
         seats = {a: player if a == seat else RANDOM_PLAYER for a in agents}
         rows += play(env, seats, match=VS_RANDOM, episodes=episodes, epsilon=epsilon, seed=seed,
                      sides=[[seat], [a for a in agents if a != seat]] if len(agents) > 1 else [[seat]],
-                     max_steps=max_steps, config=config)
+                     max_steps=max_steps, config=config, on_episode=on_episode)
         _done(on_setting)
     if baseline:
-        rows += random_baseline(env, episodes=episodes, seed=seed, max_steps=max_steps, config=config)
+        rows += random_baseline(env, episodes=episodes, seed=seed, max_steps=max_steps, config=config,
+                                on_episode=on_episode)
         _done(on_setting)
     return rows
 
@@ -117,19 +119,20 @@ def _done(on_setting: Callable[[], None] | None) -> None:
 
 
 def random_baseline(env: Any, *, episodes: int, seed: int, max_steps: int | None = None,
-                    config: Any = None) -> list[dict[str, Any]]:
+                    config: Any = None, on_episode: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
     """Every seat random (each seat its own side): the random-vs-random reference."""
     agents = list(env.possible_agents)
     return play(env, {a: RANDOM_PLAYER for a in agents}, match=RANDOM_VS_RANDOM, episodes=episodes, epsilon=1.0,
-                seed=seed, sides=[[a] for a in agents], max_steps=max_steps, config=config)
+                seed=seed, sides=[[a] for a in agents], max_steps=max_steps, config=config, on_episode=on_episode)
 
 
 def self_play(env: Any, player: Player, *, episodes: int, epsilon: float, seed: int, max_steps: int | None = None,
-              config: Any = None, on_setting: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+              config: Any = None, on_setting: Callable[[], None] | None = None,
+              on_episode: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
     """``player`` in every seat (each seat its own side)."""
     agents = list(env.possible_agents)
     rows = play(env, {a: player for a in agents}, match=SELF, episodes=episodes, epsilon=epsilon, seed=seed,
-                sides=[[a] for a in agents], max_steps=max_steps, config=config)
+                sides=[[a] for a in agents], max_steps=max_steps, config=config, on_episode=on_episode)
     _done(on_setting)
     return rows
 
@@ -147,8 +150,8 @@ def cross_settings(agents: Sequence[str], a: str, b: str) -> list[dict[str, str]
 
 
 def cross_play(env: Any, a: Player, b: Player, *, episodes: int, epsilon: float, seed: int,
-               max_steps: int | None = None, config: Any = None,
-               on_setting: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+               max_steps: int | None = None, config: Any = None, on_setting: Callable[[], None] | None = None,
+               on_episode: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
     """A against B over every setting of ``cross_settings`` (seats swapped), ``episodes`` each."""
     if a.name == b.name:
         raise ValueError(f"cross-play needs two differently named players, got {a.name!r} twice")
@@ -156,7 +159,7 @@ def cross_play(env: Any, a: Player, b: Player, *, episodes: int, epsilon: float,
     rows: list[dict[str, Any]] = []
     for setting in cross_settings(list(env.possible_agents), a.name, b.name):
         rows += play(env, {s: players[name] for s, name in setting.items()}, match=CROSS, episodes=episodes,
-                     epsilon=epsilon, seed=seed, max_steps=max_steps, config=config)
+                     epsilon=epsilon, seed=seed, max_steps=max_steps, config=config, on_episode=on_episode)
         _done(on_setting)
     return rows
 

@@ -9,6 +9,7 @@ streams, told which agent it plays by the agent indicator). Steps count agent st
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -28,9 +29,10 @@ from madqn.overlap import BackgroundLearner
 from madqn.policy import ActingNetworks
 from madqn.prioritized import annealed_beta
 from madqn.replay import ReplayMemory
-from madqn.vecenv import make_envs
+from madqn.vecenv import make_envs, use_processes
 
 SHARED = "shared"
+TORCH_DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice (physical cores), before anything changes it
 
 
 def resolve_device(name: str) -> torch.device:
@@ -39,6 +41,25 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise MadqnError(f"device '{name}' requested but CUDA is not available (use --device cpu or auto)")
     return torch.device(name)
+
+
+def resolve_threads(num_threads: int, env_workers: int = 0, cores: int | None = None,
+                    default: int | None = None) -> tuple[int, str]:
+    """Torch CPU threads for ``num_threads`` (0 = choose), and why, for the run's first line.
+
+    Chosen: the cores left once the envs have theirs (one per env worker process, or one for
+    emulating inline in this process), at least 1 and at most torch's default (the physical cores):
+    1 on a 2-core machine, where a second torch thread competes with the emulator and runs several
+    times slower. ``cores`` (default: the CPUs this process may use) and ``default`` are for tests.
+    """
+    if num_threads > 0:
+        return num_threads, "num_threads"
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    default = TORCH_DEFAULT_THREADS if default is None else default
+    for_envs = max(env_workers, 1)
+    threads = max(1, min(cores - for_envs, default))
+    return threads, f"auto: {cores} cores, {for_envs} for the envs"
 
 
 @dataclass
@@ -109,11 +130,12 @@ class Trainer:
         self.config = config
         self.hooks = list(hooks)
         self.device = resolve_device(config.device)
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        env_spec = config.env if env is None else env
+        workers = config.num_envs if use_processes(env_spec, config) else 0
+        self.torch_threads, self.threads_reason = resolve_threads(config.num_threads, workers)
+        torch.set_num_threads(self.torch_threads)
         torch.manual_seed(config.seed)
         self.rng = np.random.default_rng(config.seed)
-        env_spec = config.env if env is None else env
         if config.num_envs > 1 and is_pettingzoo_env(env_spec):
             raise MadqnError("num_envs > 1 needs an env spec or a factory (one env per copy), not an env instance")
         self.env_spec = env_spec  # what make_env built the envs from (hooks may build more copies)

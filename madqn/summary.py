@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from madqn.commands import madqn_command, tensorboard_command
 from madqn.config import load_toml
 from madqn.errors import MadqnError
 
@@ -120,15 +121,15 @@ def _files(run_dir: Path) -> dict[str, str]:
     if metrics:
         files["metrics"] = ", ".join(str(p) for p in metrics)
     if any(run_dir.glob("events.out.tfevents.*")):
-        files["tensorboard"] = f"tensorboard --logdir {run_dir}"
+        files["tensorboard"] = tensorboard_command(run_dir)
     plots = sorted((run_dir / "plots").glob("*.png"))
-    files["plots"] = ", ".join(map(str, plots)) if plots else f"madqn plot {run_dir}"
+    files["plots"] = ", ".join(map(str, plots)) if plots else madqn_command("plot", run_dir)
     videos = sorted(p for p in (run_dir / "videos").glob("*") if p.suffix in (".mp4", ".gif"))
     if videos:
         shown = ", ".join(map(str, videos[-2:]))
         files["videos"] = (f"{len(videos)} in {run_dir / 'videos'} (latest {shown})" if len(videos) > 2 else shown)
     elif checkpoints:
-        files["videos"] = f"madqn video {run_dir} --out {run_dir / 'videos' / 'eval.mp4'}"
+        files["videos"] = madqn_command("video", run_dir, "--out", run_dir / "videos" / "eval.mp4")
     return files
 
 

@@ -2,8 +2,8 @@
 
 ``record_episodes(env, act_fn, path, episodes, max_steps)`` is the one call evaluation code needs:
 it plays whole episodes (one frame after reset, one per env step, as ``env.render()`` returns
-them; for Atari the newest RGB screen, i.e. one frame per agent step = 15 frames per emulated
-second) and writes ``.mp4`` (H.264 through imageio-ffmpeg) or ``.gif`` (pillow; keep GIFs short,
+them, or the observation image for envs without ``render()``; for Atari the newest RGB screen,
+i.e. one frame per agent step = 15 frames per emulated second) and writes ``.mp4`` (H.264 through imageio-ffmpeg) or ``.gif`` (pillow; keep GIFs short,
 every frame is held until the file is closed). ``VideoWriter`` is the lower level: frames and
 scores in, a captioned video out. ``VideoHook`` records one episode of the current networks every
 ``video_freq`` agent steps of training.
@@ -51,6 +51,57 @@ def as_rgb(frame: Any) -> np.ndarray:
     if frame.shape[2] == 1:
         frame = np.repeat(frame, 3, axis=2)
     return np.ascontiguousarray(frame[:, :, :3])
+
+
+def observation_image(observation: Any) -> np.ndarray | None:
+    """An observation as an (H, W, 3) uint8 image, or None when it is no image (a vector, a scalar).
+
+    Accepts ``{"observation": ...}`` dicts, (H, W), (H, W, C) and (C, H, W) arrays with C in 1, 3, 4;
+    other dtypes are scaled by 255 / max(1, their maximum): 0..1 data to 0..255, larger ranges by their maximum.
+    """
+    if isinstance(observation, Mapping):
+        observation = observation.get("observation")
+    if observation is None:
+        return None
+    x = np.asarray(observation)
+    if x.ndim == 3 and x.shape[2] not in (1, 3, 4) and x.shape[0] in (1, 3, 4):
+        x = np.moveaxis(x, 0, -1)
+    if x.ndim not in (2, 3) or min(x.shape[:2]) < 2 or (x.ndim == 3 and x.shape[2] not in (1, 3, 4)):
+        return None
+    if x.dtype != np.uint8:
+        if not np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_:
+            x = x.astype(np.float32)
+        top = float(np.max(x)) if x.size else 0.0
+        x = np.clip(np.asarray(x, np.float32) * (255.0 / max(top, 1.0)), 0, 255).astype(np.uint8)
+    return as_rgb(x)
+
+
+class FrameSource:
+    """The frames of a video: ``env.render()``, or, for an env without ``render()`` (PettingZoo's
+    default raises NotImplementedError; one made without ``render_mode`` returns None), the
+    observation image of the first agent that has one (VideoWriter scales it up)."""
+
+    def __init__(self, env: Any):
+        self.env = env
+        self.rendering = True
+        self.last: dict[str, Any] = {}
+
+    def frame(self, observations: Mapping[str, Any]) -> np.ndarray:
+        self.last.update(observations)
+        if self.rendering:
+            try:
+                rendered = self.env.render()
+            except NotImplementedError:
+                rendered = None
+            if rendered is not None:
+                return as_rgb(rendered)
+            self.rendering = False
+        for agent in list(getattr(self.env, "possible_agents", [])) + list(self.last):
+            image = observation_image(self.last.get(agent))
+            if image is not None:
+                return image
+        raise MadqnError("the env has no render() and its observations are not images: there is nothing to "
+                         "record (give the env a render() returning RGB, with render_mode='rgb_array')")
 
 
 class VideoWriter:
@@ -182,7 +233,8 @@ def record_episodes(env: Any, act_fn: Callable[[dict, dict], Mapping[str, int]],
                     scale: int | None = None, note: str = "") -> Recording:
     """Play ``episodes`` episodes of ``env`` and write every rendered frame, captioned with the scores.
 
-    ``env``: madqn's internal env interface (``madqn.env.make_env``) whose ``render()`` returns RGB.
+    ``env``: madqn's internal env interface (``madqn.env.make_env``) whose ``render()`` returns RGB
+    (or, without ``render()``, whose observations are images: ``FrameSource``).
     ``act_fn(observations, infos)`` gets the live agents' newest observations and returns their
     actions (e.g. ``lambda obs, infos: agents.act(obs, infos, 0.05)`` with ``madqn.load_agents``);
     ``reset_fn`` runs at every episode start.
@@ -196,6 +248,7 @@ def record_episodes(env: Any, act_fn: Callable[[dict, dict], Mapping[str, int]],
     fps = fps or float(getattr(env, "metadata", {}).get("render_fps", 15) or 15)
     agents = list(env.possible_agents)
     recording = Recording(Path(path), 0)
+    frames = FrameSource(env)
     with VideoWriter(path, agents, fps=fps, scale=scale) as video:
         for episode in range(episodes):
             observations, infos = env.reset()
@@ -204,7 +257,7 @@ def record_episodes(env: Any, act_fn: Callable[[dict, dict], Mapping[str, int]],
             scores = {a: 0.0 for a in agents}
             steps = 0
             label = f"{note + ' ' if note else ''}ep {episode + 1}/{episodes}"
-            video.add(env.render(), scores, f"{label} t {steps}")
+            video.add(frames.frame(observations), scores, f"{label} t {steps}")
             while env.agents and (max_steps is None or steps < max_steps):
                 live = [a for a in observations if a in env.agents]
                 actions = dict(act_fn({a: observations[a] for a in live}, {a: infos.get(a, {}) for a in live}))
@@ -212,7 +265,7 @@ def record_episodes(env: Any, act_fn: Callable[[dict, dict], Mapping[str, int]],
                 for agent, reward in rewards.items():
                     scores[agent] += float(reward)
                 steps += 1
-                video.add(env.render(), scores, f"{label} t {steps}")
+                video.add(frames.frame(observations), scores, f"{label} t {steps}")
             recording.episode_scores.append(scores)
             recording.episode_steps.append(steps)
     recording.frames = video.frames
@@ -245,8 +298,7 @@ class VideoHook(Hook):
             raise MadqnError("video_freq needs the env as a spec string or a factory (a function returning the env), "
                              "not an env instance: recording must not step the training env")
         self.env = make_env(trainer.env_spec, c.replace(terminal_on_life_loss=False), seed=c.seed + 7919, convert=False)
-        self.env.reset()
-        as_rgb(self.env.render())
+        FrameSource(self.env).frame(self.env.reset()[0])  # renders, or has observation images
         self.next_video = (trainer.step // c.video_freq + 1) * c.video_freq
 
     def on_step(self, trainer: Trainer) -> None:

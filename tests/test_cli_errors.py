@@ -52,8 +52,8 @@ def run_copy(saved_run, tmp_path):
 # ---- env, config keys, types, ranges, files ------------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
-    (["--env", "pong_v4"], "unknown Atari game 'pong_v4'; did you mean 'pong_v3'"),
-    (["--env", "boxing"], "unknown Atari game 'boxing'; did you mean 'boxing_v2'"),
+    (["--env", "pong_v4"], "unknown Atari game 'pong_v4' (did you mean 'pong_v3'?)"),
+    (["--env", "boxing"], "unknown Atari game 'boxing' (did you mean 'boxing_v2'?)"),
     (["--env", "no_such_module_xyz:make"], "cannot import module 'no_such_module_xyz'"),
     (["--env", "missing_env.py:make"], "env file not found: missing_env.py"),
     (["--set", "lerning_rate=0.1"], "unknown config key 'lerning_rate' in --set"),

@@ -62,6 +62,7 @@ def test_every_artefact_is_written(compared):
         assert heading in report
     assert "![periodic evaluation](learning_curves.png)" in report
     assert "report: " in stdout and "head-to-head: shared" in stdout
+    assert "compare: evaluation: episode " in stdout and " episodes/s | " in stdout
 
 
 def test_report_numbers_equal_a_recomputation_from_the_raw_csv(compared):

@@ -60,6 +60,7 @@ def test_periodic_evaluation_files(trained):
                                                                               for s in (1000, 2000, 3000, 4000)]
     assert all(np.isfinite(float(r["V"])) and 0 <= float(r["td_error"]) <= 1 for r in valid)
     assert "eval step 1000 (random): catcher_0" in stdout
+    assert "eval step 1000 (random): episode 10 | " in stdout  # progress: 5 episodes per seat, then the summary
     # the end-of-run summary shows the last and the best periodic evaluation per seat
     assert "eval final" in stdout and "eval best" in stdout
     for seat in AGENTS:
@@ -113,7 +114,7 @@ def test_self_cross_best_and_video(trained, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["missing_dir"], "not found"),
-    (["RUN", "--episodes", "1"], "--episodes must be >= 2"),
+    (["RUN", "--episodes", "0"], "--episodes must be >= 1"),
     (["RUN", "--opponent", "nowhere"], "not found: nowhere"),
     (["RUN", "--eps", "2"], "--eps must be in [0, 1]"),
     (["RUN", "--video", "x.avi"], "must end in .mp4 or .gif"),

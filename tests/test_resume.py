@@ -191,7 +191,7 @@ def test_signal_stops_with_checkpoint_and_resume_line(madqn_cli, tmp_path, sig):
     assert f"{sig.name} received: finishing the current step, then writing a checkpoint" in err
     last = out.strip().splitlines()[-1]
     assert last.startswith(f"stopped by {sig.name} at step ")
-    assert last.endswith(f"resume with: madqn train --resume {run}")
+    assert last.endswith(f" -m madqn train --resume {run}")  # this checkout's madqn, run as a module
     stopped = int(last.split(" at step ")[1].split(";")[0])
     assert latest(run)["step"] == stopped >= 150
     rows = read_csv(run / "train.csv")
@@ -232,7 +232,7 @@ def test_full_disk_at_checkpoint_time_stops_and_keeps_the_previous_checkpoint(ma
     assert len(err) == 1 and "Traceback" not in proc.stderr
     assert err[0].startswith("madqn: error: cannot write the checkpoint of step 200")
     assert "No space left on device; the last good checkpoint (" in err[0] and "step 100) is intact" in err[0]
-    assert err[0].endswith(f"resume with: madqn train --resume {run}")
+    assert err[0].endswith(f" -m madqn train --resume {run}")
     assert latest(run)["step"] == 100
     assert not list((run / "checkpoints").glob(".*tmp*"))
     done = run_cli(madqn_cli, "train", "--resume", run, "--steps", "200")

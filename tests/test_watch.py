@@ -10,6 +10,7 @@ import math
 import os
 import pty
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -53,7 +54,7 @@ def run_cli(madqn_cli, *args, cwd):
 
 # ---- 1. progress ------------------------------------------------------------------------------
 
-PLAIN_LINE = re.compile(r"^train step (\d+)/300 \((\d+)%\) \| (\d+) steps/s \| ETA (\d+:\d\d:\d\d) \| eps ([\d.]+) \| "
+PLAIN_LINE = re.compile(r"^train step (\d+)/300 \((\d+)%\) \| ([\d.]+) steps/s \| ETA (\d+:\d\d:\d\d) \| eps ([\d.]+) \| "
                         r"first_0: updates (\d+)(.*?) \| second_0: updates (\d+)(.*?)(?: \| score\(20 ep\) (.*))?$")
 
 
@@ -471,8 +472,13 @@ def test_train_ends_with_a_run_summary(trained):
         assert float(row[3]) == pytest.approx(best, abs=0.005)
     assert f"checkpoints  {run_dir / 'checkpoints' / 'latest.pt'}" in summary
     assert f"{run_dir / 'episodes.csv'}, {run_dir / 'train.csv'}" in summary
-    assert f"tensorboard  tensorboard --logdir {run_dir}" in summary
-    assert f"plots        madqn plot {run_dir}" in summary
+    # commands as they run from this shell: the program is on PATH or given by its full path
+    tensorboard = re.search(r"^  tensorboard  (\S+)(?: -m tensorboard.main)? --logdir (\S+)$", summary, re.M)
+    plot = re.search(r"^  plots        (\S+)(?: -m madqn)? plot (\S+)$", summary, re.M)
+    assert tensorboard and plot, summary
+    assert tensorboard[2] == plot[2] == str(run_dir)
+    for program in (tensorboard[1], plot[1]):
+        assert shutil.which(program) or Path(program).is_file(), program
     assert "step_000000300.mp4" in summary
     assert not math.isnan(float(re.search(r"([\d.]+) s wall", summary)[1]))
 
