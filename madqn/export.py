@@ -111,5 +111,8 @@ def run_export(args: argparse.Namespace) -> int:
     networks = ", ".join(f"{name} ({', '.join(agents)})" for name, agents in result.groups.items())
     print(f"wrote {result.path}: {result.size / 1e6:.1f} MB, {result.parameters:,} fp32 weights, networks {networks}, "
           f"step {result.step:,}, from {result.source}")
-    print(f"play it: madqn eval {result.path} --opponent random; madqn video {result.path}")
+    from madqn.commands import madqn_command
+
+    print(f"play it: {madqn_command('eval', result.path, '--opponent', 'random')}; "
+          f"{madqn_command('video', result.path)}")
     return 0
