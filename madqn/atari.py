@@ -208,13 +208,17 @@ class _Emulator:
     def load_rom(self, rom_path: str, seed: int, sticky_actions: float, mode: int | None,
                  difficulty: int | None) -> None:
         """(Re)load the ROM: ALE settings (random_seed, used by sticky actions) apply on load."""
-        self.ale.setFloat(b"repeat_action_probability", sticky_actions)
-        self.ale.setInt(b"random_seed", seed)
+        self.apply_settings(seed, sticky_actions)
         self.ale.loadROM(rom_path)
         if mode is not None:
             self.ale.setMode(mode)
         if difficulty is not None:
             self.ale.setDifficulty(difficulty)
+
+    def apply_settings(self, seed: int, sticky_actions: float) -> None:
+        """The ALE settings `load_rom` applies before loading (multi_agent_ale_py takes bytes keys)."""
+        self.ale.setFloat(b"repeat_action_probability", sticky_actions)
+        self.ale.setInt(b"random_seed", seed)
 
     def save_state(self) -> np.ndarray:
         """The ALE system state (RAM, CPU, TIA, frame counters) as uint8 bytes."""
@@ -252,16 +256,11 @@ class _SinglePlayerEmulator(_Emulator):
     def lives(self) -> np.ndarray:
         return np.array([self.ale.lives()], np.intc)
 
-    def load_rom(self, rom_path: str, seed: int, sticky_actions: float, mode: int | None,
-                 difficulty: int | None) -> None:
-        self.ale.setInt("frame_skip", 1)  # one frame per act: madqn repeats the action itself
+    def apply_settings(self, seed: int, sticky_actions: float) -> None:
+        """ale-py's settings take str keys; one frame per act, since madqn repeats the action itself."""
+        self.ale.setInt("frame_skip", 1)
         self.ale.setFloat("repeat_action_probability", sticky_actions)
         self.ale.setInt("random_seed", seed)
-        self.ale.loadROM(rom_path)
-        if mode is not None:
-            self.ale.setMode(mode)
-        if difficulty is not None:
-            self.ale.setDifficulty(difficulty)
 
     def save_state(self) -> np.ndarray:
         return np.frombuffer(self.ale.cloneState(include_rng=True).serialize(), dtype=np.uint8).copy()

@@ -29,9 +29,7 @@ def _eval(sub: argparse._SubParsersAction) -> None:
                    help="who plays the other seats (default random)")
     p.add_argument("--seed", type=int, default=0, help="episode k uses env seed SEED + k (default 0)")
     p.add_argument("--eps", type=float, help="exploration epsilon (default: the run's eval_ep, 0.05)")
-    p.add_argument("--checkpoint", choices=["latest", "best"], default="latest",
-                   help="for run directories: checkpoints/latest.pt (default) or the best periodic-evaluation "
-                        "network checkpoints/best.pt")
+    add_checkpoint_option(p)
     p.add_argument("--env", help="env spec to play in (default: the run's env)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--out", help="CSV file of per-episode rows (default RUN_DIR/evals/<opponent>-s<seed>-n<episodes>.csv; "
@@ -39,6 +37,13 @@ def _eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--video", metavar="OUT.mp4", help="also record episodes of the first seat assignment (.mp4 or .gif)")
     p.add_argument("--video-episodes", type=int, default=1, help="episodes to record with --video (default 1)")
     p.set_defaults(func=run_eval)
+
+
+def add_checkpoint_option(p: argparse.ArgumentParser) -> None:
+    """``--checkpoint latest|best``: which checkpoint of a run directory a command reads."""
+    p.add_argument("--checkpoint", choices=["latest", "best"], default="latest",
+                   help="for run directories: checkpoints/latest.pt (default) or the best periodic-evaluation "
+                        "network checkpoints/best.pt")
 
 
 def player_name(path: Path) -> str:

@@ -100,9 +100,9 @@ def _export(sub: argparse._SubParsersAction) -> None:
                     "with 'madqn eval FILE', 'madqn video FILE' and madqn.load_agents(FILE).")
     p.add_argument("run", metavar="RUN_DIR|CHECKPOINT", help="run directory or checkpoint file")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="the file to write (its folder is created)")
-    p.add_argument("--checkpoint", choices=["latest", "best"], default="latest",
-                   help="for run directories: checkpoints/latest.pt (default) or the best periodic-evaluation "
-                        "network checkpoints/best.pt")
+    from madqn.cli_eval import add_checkpoint_option
+
+    add_checkpoint_option(p)
     p.set_defaults(func=run_export)
 
 
