@@ -20,7 +20,7 @@ from madqn.actor import RecentHistory, epsilon_greedy
 from madqn.config import FIELD_NAMES, Config
 from madqn.env import ObservationSpec, action_starts, make_env, observation_specs
 from madqn.errors import CheckpointError, MadqnError
-from madqn.networks import build_q_network
+from madqn.learners import q_network_for
 
 
 class Agents:
@@ -48,7 +48,11 @@ class Agents:
     # ---- construction ---------------------------------------------------------------------
     @classmethod
     def from_trainer(cls, trainer: Any, seed: int | None = None) -> "Agents":
-        """The trainer's current online networks (shared, not copied) acting on raw observations."""
+        """The trainer's current online networks (shared, not copied) acting on raw observations.
+
+        Waits for any learning round in flight (``trainer.settle()``), so the weights hold still until
+        the trainer's next step: a video or an evaluation run from a hook plays one set of weights."""
+        trainer.settle()
         networks = {a: g.learner.online_network for g in trainer.groups for a in g.agents}
         n_actions = {a: g.n_actions for g in trainer.groups for a in g.agents}
         return cls(networks, dict(trainer.observation_specs), n_actions, trainer.config.hist_len,
@@ -73,13 +77,10 @@ class Agents:
         missing = [a for a in agents if a not in specs]
         if missing:
             raise CheckpointError(f"{source}: no observation spec for agents {missing}")
-        shared = config.sharing == "shared"
-        n_indicator = len(agents) if (shared and config.agent_indicator) else 0
         networks, n_actions = {}, {}
         for name, group in state["groups"].items():
             members = list(group["agents"])
-            network = build_q_network(specs[members[0]].shape, int(group["n_actions"]), config.hist_len, n_indicator,
-                                      kind=config.network, hidden=tuple(config.mlp_hidden), dueling=config.dueling)
+            network = q_network_for(config, specs[members[0]].shape, int(group["n_actions"]), len(agents))
             try:
                 network.load_state_dict(group["online"] if "online" in group else group["learner"]["online"])
             except (RuntimeError, KeyError) as e:

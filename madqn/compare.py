@@ -379,7 +379,7 @@ def build_results(settings: CompareSettings, plans: list[RunPlan], players: list
     from madqn.protocol import (CROSS, RANDOM, RANDOM_VS_RANDOM, VS_RANDOM, episode_scores, games, length_summary,
                                 record, score_summary, select)
     from madqn.rating import fit_ratings
-    from madqn.stats import Record, summarize
+    from madqn.stats import Record, mean_confidence_interval
 
     conf = settings.confidence
     seats = list(dict.fromkeys(r["seat"] for r in rows))
@@ -423,13 +423,15 @@ def build_results(settings: CompareSettings, plans: list[RunPlan], players: list
     variants: dict[str, Any] = {}
     for variant in VARIANTS:
         members = [r for r in runs if r["variant"] == variant]
-        per_seat = {seat: summarize([r["final"]["vs_random"][seat]["mean"] for r in members], conf).to_dict()
-                    for seat in seats}
+        def interval(values: list[float]) -> dict[str, float]:
+            return mean_confidence_interval(values, conf).to_dict()
+
+        per_seat = {seat: interval([r["final"]["vs_random"][seat]["mean"] for r in members]) for seat in seats}
         variants[variant] = {
             "seeds": len(members),
             "vs_random": per_seat,
-            "vs_random_mean": summarize([r["final"]["vs_random_mean"] for r in members], conf).to_dict(),
-            "rating": summarize([r["final"]["rating"]["rating"] for r in members], conf).to_dict() if ratings else None,
+            "vs_random_mean": interval([r["final"]["vs_random_mean"] for r in members]),
+            "rating": interval([r["final"]["rating"]["rating"] for r in members]) if ratings else None,
             "wall_time": float(np.mean([r["wall_time"] for r in members])),
             "wall_time_total": float(np.sum([r["wall_time"] for r in members])),
             "steps": int(np.mean([r["steps"] for r in members])),
@@ -452,8 +454,8 @@ def build_results(settings: CompareSettings, plans: list[RunPlan], players: list
                 pairs.append({"shared": a, "independent": b, **record_dict(rec),
                               "shared_mean": score_summary(sub, a, conf, match=CROSS).mean,
                               "independent_mean": score_summary(sub, b, conf, match=CROSS).mean})
-        head_to_head = {"record": record_dict(total), "score": summarize(pair_scores, conf).to_dict(),
-                        "margin": summarize(margins, conf).to_dict(), "pairs": pairs,
+        head_to_head = {"record": record_dict(total), "score": mean_confidence_interval(pair_scores, conf).to_dict(),
+                        "margin": mean_confidence_interval(margins, conf).to_dict(), "pairs": pairs,
                         "length": length_summary([r for p in pairs for r in pair_rows(rows, p["shared"],
                                                                                       p["independent"])]).to_dict()}
 
@@ -483,7 +485,7 @@ def compare(settings: CompareSettings, out: TextIO = sys.stdout) -> CompareResul
     from madqn.report import write_report
 
     from madqn.env import make_env
-    from madqn.runner import check_shared_spaces
+    from madqn.learners import check_shared_spaces
 
     c = settings.config
     env = make_env(c.env, c, seed=c.seed)  # a bad env spec, or one a shared network cannot play: one line, now

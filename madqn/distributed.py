@@ -2,18 +2,16 @@
 
 Two sides, one small interface:
 
-- :class:`Actor` holds ``num_envs`` env copies, a CPU copy of the Q-networks and one slot (recent
-  history, pending transition) per agent seat. It IS the in-process ``Trainer``'s acting code:
-  ``Trainer.env_step``, ``act``, ``_step_env`` ... run unchanged, with learning switched off and
-  the replay memory replaced by a :class:`ReplayRecorder`. ``rollout(n, step, weights)`` steps
-  ``n`` agent steps and returns a :class:`Rollout`: replay entries ``(group, stream, frame,
-  action, reward, terminal, episode_end, mask)`` exactly as the Trainer would have stored them
+- :class:`Actor` is an acting loop (madqn.acting, the in-process trainer's own) over ``num_envs``
+  env copies with CPU copies of the online networks, feeding a :class:`~madqn.acting.RecordingSink`.
+  ``rollout(n, step, weights)`` steps ``n`` agent steps and returns a :class:`Rollout`: the replay
+  entries ``(agent, copy, frame, action, reward, terminal, episode_end, mask)`` the loop emitted
   (one uint8 frame each, never stacked) and the finished episodes.
-- :class:`DistributedTrainer` is the learner (networks, optimizers, one replay stream per
-  (actor, env copy, agent), target sync, the usual hooks). It counts agent steps from the
-  batches it RECEIVES (a batch lost with its actor is never counted), runs DQN3.0's learning
-  rounds on that count (``update_ratio = "fixed"``: ``n_replay`` updates per ``update_freq``
-  steps) and publishes the online weights every ``sync_every`` rounds.
+- :class:`DistributedTrainer` is the learner set (madqn.learners: networks, optimizers, one replay
+  stream per (agent, actor, env copy), the learning schedule, target sync) with the usual hooks,
+  fed through an :class:`ActorFeed`. It counts agent steps from the batches it RECEIVES (a batch
+  lost with its actor is never counted), runs DQN3.0's learning rounds on that count
+  (``update_ratio = "fixed"``) and publishes the online weights every ``sync_every`` rounds.
 
 Pools drive the actors: :class:`InlinePool` in this process (tests, reference) and
 :class:`RayPool` as Ray actors (``max_restarts=-1``: a killed actor is restarted by Ray; its
@@ -38,13 +36,13 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from madqn.acting import ActingLoop, Entry, EpisodeRecord, RecordingSink
 from madqn.config import Config
 from madqn.env import action_starts, observation_specs
 from madqn.errors import MadqnError
-from madqn.networks import build_q_network
-from madqn.runner import EpisodeRecord, Group, Hook, Trainer, learning_rounds, resolve_device
-
-Entry = tuple  # (group, stream, frame, action, reward, terminal, episode_end, mask)
+from madqn.learners import LearnerSet, group_members, q_network_for, replay_seeds_and_acting_rng
+from madqn.runner import Hook, TrainerBase, resolve_device
+from madqn.vecenv import make_envs
 
 
 def apex_epsilons(n_actors: int, eps: float = 0.4, alpha: float = 7.0) -> list[float]:
@@ -52,36 +50,6 @@ def apex_epsilons(n_actors: int, eps: float = 0.4, alpha: float = 7.0) -> list[f
     if n_actors == 1:
         return [float(eps)]
     return [float(eps) ** (1.0 + i * alpha / (n_actors - 1)) for i in range(n_actors)]
-
-
-class ReplayRecorder:
-    """Stands in for an actor-side ReplayMemory: records ``add`` calls as replay entries."""
-
-    def __init__(self, group: int):
-        self.group = group
-        self.entries: list[Entry] = []
-
-    def add(self, stream: int, frame: np.ndarray, action: int, reward: float, terminal: bool, episode_end: bool,
-            action_mask: Any = None) -> None:
-        mask = None if action_mask is None else np.asarray(action_mask, bool)
-        self.entries.append((self.group, int(stream), np.array(frame, copy=True), int(action), float(reward),
-                             bool(terminal), bool(episode_end), mask))
-
-
-@dataclass
-class _ActingLearner:
-    """What acting needs from a learner: the online network, and r_max (the Trainer updates it on store)."""
-
-    online_network: torch.nn.Module
-    r_max: float = 1.0
-
-
-class _EpisodeCollector(Hook):
-    def __init__(self) -> None:
-        self.records: list[EpisodeRecord] = []
-
-    def on_episode(self, trainer: Any, record: EpisodeRecord) -> None:
-        self.records.append(record)
 
 
 @dataclass
@@ -96,69 +64,54 @@ class Rollout:
 
 
 def actor_config(config: Config, index: int, reseed: int = 0) -> Config:
-    """Actor ``index``'s config: inline envs on CPU, no learning, its own seed (actor 0 keeps the run's seed,
-    so with one actor its transitions are the in-process Trainer's); ``reseed`` after a restart."""
+    """Actor ``index``'s config: inline envs on CPU, its own seed (actor 0 keeps the run's seed, so with one
+    actor its transitions are the in-process Trainer's); ``reseed`` after a restart."""
     return config.replace(seed=config.seed + 100_000 * index + reseed, device="cpu", vector_env="inline",
-                          overlap=False, target_q=0, num_threads=0)
+                          overlap=False)
 
 
-class Actor(Trainer):
-    """Env copies + CPU Q-networks + per-seat slots; produces replay entries (see the module docstring).
-
-    Reuses ``Trainer``'s acting methods unchanged: ``learn_from`` is infinite and ``target_q`` is 0,
-    so ``env_step`` never learns, and each group's ``replay`` is a :class:`ReplayRecorder`.
-    """
+class Actor:
+    """An acting loop over ``num_envs`` env copies with CPU Q-networks, recording its replay entries."""
 
     def __init__(self, config_dict: dict[str, Any], index: int = 0, env: Any = None, reseed: int = 0):
-        self.run_config = Config(**config_dict)
+        run_config = Config(**config_dict)
+        c = actor_config(run_config, index, reseed)
         self.index = index
-        self.collector = _EpisodeCollector()
-        super().__init__(actor_config(self.run_config, index, reseed), env, hooks=[self.collector])
-        self.learn_from = sys.maxsize
-        c = self.run_config
-        self.fixed_epsilon = apex_epsilons(c.actors, c.apex_eps, c.apex_alpha)[index] \
-            if c.actor_epsilons == "apex" else None
+        envs = make_envs(c.env if env is None else env, c)
+        first = envs[0]
+        agents = list(first.possible_agents)
+        members = group_members(c, agents)
+        self.networks = [q_network_for(c, first.observation_space(group[0]).shape,
+                                       int(first.action_space(group[0]).n), len(agents)).requires_grad_(False)
+                         for _, group in members]
+        _, rng = replay_seeds_and_acting_rng(c.seed, len(members))  # the in-process trainer's acting generator
+        fixed = apex_epsilons(c.actors, c.apex_eps, c.apex_alpha)[index] if c.actor_epsilons == "apex" else None
+        self.sink = RecordingSink()
+        self.acting = ActingLoop(c, envs, self.networks, self.sink, rng, torch.device("cpu"), fixed_epsilon=fixed)
         self.weights_version = -1
         self.incarnation = os.urandom(8).hex()
 
-    def _build_groups(self, env: Any) -> list[Group]:
-        """Networks built as the Trainer builds them (same torch RNG draws); recorders for replay."""
-        c = self.config
-        groups = []
-        agent_sets = [("shared", self.agents)] if c.sharing == "shared" else [(a, [a]) for a in self.agents]
-        for k, (name, agents) in enumerate(agent_sets):
-            obs_space = env.observation_space(agents[0])
-            n_actions = int(env.action_space(agents[0]).n)
-            n_indicator = len(self.agents) if (c.sharing == "shared" and c.agent_indicator) else 0
-            network = build_q_network(tuple(obs_space.shape), n_actions, c.hist_len, n_indicator,
-                                      kind=c.network, hidden=tuple(c.mlp_hidden),
-                                      dueling=c.dueling).requires_grad_(False)
-            self.rng.integers(2**31)  # the Trainer seeds each replay memory here: keep the acting RNG in step
-            ids = np.array([self.agents.index(a) for a in agents for _ in range(c.num_envs)], dtype=np.int64)
-            groups.append(Group(name, list(agents), _ActingLearner(network), ReplayRecorder(k), n_actions, ids))
-        return groups
-
     def epsilon(self) -> float:
-        return super().epsilon() if self.fixed_epsilon is None else self.fixed_epsilon
+        return self.acting.epsilon()
 
     def set_weights(self, version: int, state_dicts: list[dict[str, torch.Tensor]]) -> None:
-        for g, sd in zip(self.groups, state_dicts):
-            g.learner.online_network.load_state_dict(sd)  # copies in place: stacked acting views stay bound
+        for network, sd in zip(self.networks, state_dicts):
+            network.load_state_dict(sd)  # copies in place: stacked acting views stay bound
         self.weights_version = version
 
     def rollout(self, n_steps: int, global_step: int, weights: tuple[int, list] | None = None) -> Rollout:
         """Step at least ``n_steps`` agent steps; epsilon counts from ``max(own count, global_step)``."""
         if weights is not None and weights[0] > self.weights_version:
             self.set_weights(*weights)
-        self.step = max(self.step, int(global_step))
-        for g in self.groups:
-            g.replay.entries = []
-        self.collector.records = []
-        start = self.step
-        while self.step - start < n_steps:
-            self.env_step()
-        entries = [e for g in self.groups for e in g.replay.entries]
-        return Rollout(self.index, self.step - start, entries, self.collector.records, self.incarnation)
+        self.acting.step = max(self.acting.step, int(global_step))
+        start = self.acting.step
+        while self.acting.step - start < n_steps:
+            self.acting.step_envs()
+        entries, episodes = self.sink.take()
+        return Rollout(self.index, self.acting.step - start, entries, episodes, self.incarnation)
+
+    def close(self) -> None:
+        self.acting.close()
 
 
 @dataclass
@@ -276,12 +229,78 @@ class RayActorProcess:
         return os.getpid()
 
 
-class DistributedTrainer(Trainer):
-    """The learner of a distributed run: ``Trainer``'s groups, ``learn`` and hooks, fed by an actor pool.
+class ActorFeed:
+    """The acting side of a Ray run as its learner sees it: actor batches into the learner set's replay.
 
-    Holds no envs itself (``envs``, ``slots`` are empty: checkpoints carry networks, optimizers,
-    counters and RNGs; a resumed run's actors start fresh episodes). ``pool``: ``"ray"`` or
-    ``"inline"`` (actors in this process, for tests).
+    Actor ``a``'s env copy ``c`` is copy ``a * num_envs + c`` of the learner set. Each stream's newest
+    entry is held back until its successor arrives (or it is a final frame), so when an actor is lost
+    its open episodes end in replay at their last received frame (:meth:`close_streams`), as the
+    in-process trainer ends an env copy reset mid-episode. A checkpoint carries the held entries; a
+    resumed run's actors start fresh episodes and :meth:`close_interrupted_episodes` ends the old ones.
+    """
+
+    def __init__(self, learners: LearnerSet, num_envs: int, rng: np.random.Generator):
+        self.learners = learners
+        self.num_envs = num_envs
+        self.rng = rng  # seeded the replay memories; kept in checkpoints like the in-process acting generator
+        self.held: dict[tuple[str, int], Entry] = {}  # (agent, copy) -> its newest entry, stored when a successor comes
+        self.incarnations: dict[int, str] = {}  # actor -> id of the actor object its last batch came from
+        self.actor_restarts = 0
+
+    def ingest(self, batch: Rollout, step: int) -> None:
+        known = self.incarnations.get(batch.actor)
+        if known is not None and known != batch.incarnation:  # Ray rebuilt the actor; its lost batch never came
+            self.close_streams(batch.actor, "was restarted by Ray", step)
+        self.incarnations[batch.actor] = batch.incarnation
+        for agent, local, frame, action, reward, terminal, episode_end, mask in batch.entries:
+            copy = batch.actor * self.num_envs + local
+            self.learners.note_reward(agent, reward)
+            held = self.held.pop((agent, copy), None)
+            if held is not None:
+                self.learners.store(*held)
+            entry = (agent, copy, frame, action, reward, terminal, episode_end, mask)
+            if episode_end:
+                self.learners.store(*entry)
+            else:
+                self.held[(agent, copy)] = entry
+
+    def close_streams(self, actor: int, what: str, step: int) -> None:
+        """An actor process died: end its open episodes in replay at their last received frame (truncated).
+        Its unfinished batch was never received, so never counted; the new actor fetches the current
+        weights with its first call."""
+        self.actor_restarts += 1
+        for agent, copy in [k for k in self.held if k[1] // self.num_envs == actor]:
+            self._end_at(self.held.pop((agent, copy)))
+        print(f"madqn: actor {actor} {what} before step {step}; its unfinished batch is dropped "
+              f"(not counted), its episodes end in replay, training continues", file=sys.stderr, flush=True)
+
+    def _end_at(self, entry: Entry) -> None:
+        agent, copy, frame, _, _, _, _, mask = entry
+        self.learners.store(agent, copy, frame, 0, 0.0, False, True, mask)
+
+    def state_dict(self) -> dict[str, Any]:
+        """No env or slot state (the actors' episodes are not resumed); the held entries."""
+        return {"rng": self.rng.bit_generator.state, "envs": [], "slots": [], "observations": [],
+                "action_masks": [], "held": [{"agent": e[0], "copy": e[1], "frame": e[2], "mask": e[7]}
+                                             for e in self.held.values()]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Returns False: a resumed run's actors start fresh episodes."""
+        self.rng.bit_generator.state = state["rng"]
+        return False
+
+    def close_interrupted_episodes(self, state: dict[str, Any]) -> None:
+        """After the replay memory is restored: end each stream's interrupted episode at its held entry."""
+        for h in state.get("held", []):
+            self._end_at((h["agent"], int(h["copy"]), h["frame"], 0, 0.0, False, True, h["mask"]))
+
+
+class DistributedTrainer(TrainerBase):
+    """The learner of a distributed run: a learner set and the usual hooks, fed by a pool of actors.
+
+    ``pool``: ``"ray"`` or ``"inline"`` (actors in this process, for tests). Checkpoints carry networks,
+    optimizers, counters, generators and the held replay entries; a resumed run's actors start fresh
+    episodes.
     """
 
     def __init__(self, config: Config, env: Any = None, hooks: Iterable[Hook] = (), pool: str = "ray"):
@@ -295,124 +314,90 @@ class DistributedTrainer(Trainer):
         self.device = resolve_device(config.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        torch.manual_seed(config.seed)
-        self.rng = np.random.default_rng(config.seed)
         self.env_spec = config.env if env is None else env
         self.pool = InlinePool(config, env) if pool == "inline" else RayPool(config, self.env_spec)
-        probe = self._probe_env()
+        probe, has_masks = self._probe_env()
         self.agents = list(probe.possible_agents)
         self.observation_specs = observation_specs(probe, config)  # raw observation -> network input (checkpoints)
         self.action_starts = action_starts(probe)
-        self.has_masks = self._probe_masks
+        torch.manual_seed(config.seed)  # the learners start as the in-process trainer's do
+        replay_seeds, rng = replay_seeds_and_acting_rng(config.seed, len(group_members(config, self.agents)))
+        self.learners = LearnerSet(config, probe, config.num_envs * config.actors, has_masks, replay_seeds,
+                                   self.device)
+        self.acting = ActorFeed(self.learners, config.num_envs, rng)
         self.step = 0
         self.episodes = 0
-        self.learn_from = config.learn_start
         self.start_time = time.time()
-        per_actor = self.config.num_envs
-        self.config = config.replace(num_envs=per_actor * config.actors)  # replay streams for every actor's copies
-        self.groups = self._build_groups(probe)
-        self.config = config
-        self.group_of = {a: g for g in self.groups for a in g.agents}
-        self.group_index = {a: k for k, g in enumerate(self.groups) for a in g.agents}
-        self.streams_per_actor = [len(g.agents) * per_actor for g in self.groups]
-        # stream order inside a group: agent-major over all copies (Trainer); actor a's local stream s of
-        # agent k maps to agent k's block, copy a * num_envs + (s % num_envs)
-        self.envs, self.slots, self.observations, self.infos = [], {}, [], []
-        self.held: dict[tuple[int, int], Entry] = {}  # newest entry per stream, added when its successor arrives
-        self.stop_requested = False
-        self.failed = False
-        self.background = None
         self.weights_version = 0
         self.rounds_since_sync = 0
         self._published: tuple[int, Any] | None = None
-        self.incarnations: dict[int, str] = {}  # actor -> id of the actor object its last batch came from
-        self.actor_restarts = 0
-        self.lost_batches = 0
-        if hasattr(probe, "close") and probe is not getattr(self.pool, "actors", [None])[0]:
+        if not isinstance(self.pool, InlinePool):
             probe.close()
 
-    def _probe_env(self) -> Any:
-        """The spaces and agent names, read from one env built here (inline pool: its first actor)."""
+    def _probe_env(self) -> tuple[Any, bool]:
+        """An env built here for the spaces and agent names (inline pool: its first actor's), and whether
+        its observations come with action masks."""
         if isinstance(self.pool, InlinePool):
-            actor = self.pool.actors[0]
-            self._probe_masks = actor.has_masks
-            return actor.envs[0]
+            acting = self.pool.actors[0].acting
+            return acting.envs[0], any("action_mask" in info for infos in acting.infos for info in infos.values())
         from madqn.env import make_env
 
         env = make_env(self.env_spec, self.config, seed=self.config.seed)
         _, infos = env.reset()
-        self._probe_masks = any("action_mask" in info for info in infos.values())
-        return env
-
-    def global_stream(self, group: int, actor: int, local: int) -> int:
-        n = self.config.num_envs
-        agent_block, copy = divmod(local, n)
-        return agent_block * n * self.config.actors + actor * n + copy
+        return env, any("action_mask" in info for info in infos.values())
 
     # ---- the loop ---------------------------------------------------------------------------
-    def run(self) -> None:
+    def _loop(self) -> None:
         c = self.config
-        for h in self.hooks:
-            h.on_start(self)
-        try:
-            for _ in range(c.max_in_flight):
-                for a in range(c.actors):
-                    self.pool.submit(a, c.rollout_len, self.step, self._current_weights())
-            while self.step < c.steps and not self.stop_requested:
-                result = self.pool.next(timeout=0 if self._may_float() else None)
-                if result is None:
-                    if not self._may_float():
-                        raise MadqnError("no actor has a batch outstanding (internal error)")
-                    self._learn_rounds(1)  # float ratio: no batch waiting, the learner keeps going
-                    continue
-                if isinstance(result, ActorLost):  # out of restarts, or no task retries on this cluster
-                    self._close_streams(result.actor, f"was lost ({result.reason})")
-                    self.pool.submit(result.actor, c.rollout_len, self.step, self._current_weights())
-                    continue
-                prev = self.step
-                self._ingest(result)
-                self.step = prev + result.steps
-                if c.update_ratio == "fixed" and self.learn_from < self.step:
-                    self._learn_rounds(learning_rounds(prev, self.step, self.learn_from, c.update_freq), prev)
+        for _ in range(c.max_in_flight):
+            for a in range(c.actors):
+                self.pool.submit(a, c.rollout_len, self.step, self._current_weights())
+        while self.step < c.steps and not self.stop_requested:
+            result = self.pool.next(timeout=0 if self._may_float() else None)
+            if result is None:
+                if not self._may_float():
+                    raise MadqnError("no actor has a batch outstanding (internal error)")
+                self._floating_round()  # no batch waiting: the learner keeps going
+                continue
+            if isinstance(result, ActorLost):  # out of restarts, or no task retries on this cluster
+                self.acting.close_streams(result.actor, f"was lost ({result.reason})", self.step)
                 self.pool.submit(result.actor, c.rollout_len, self.step, self._current_weights())
-                for h in self.hooks:
-                    h.on_step(self)
-        except BaseException:
-            self.failed = True
-            raise
-        finally:
+                continue
+            prev = self.step
+            self._ingest(result)
+            self.step = prev + result.steps
+            if c.update_ratio == "fixed":
+                n_updates, sync_target = self.learners.due(prev, self.step)
+                self.learners.run_round(n_updates, self.step, sync_target)
+                self._rounds_done(n_updates // c.n_replay)
+            self.pool.submit(result.actor, c.rollout_len, self.step, self._current_weights())
             for h in self.hooks:
-                h.on_end(self)
+                h.on_step(self)
 
     def _may_float(self) -> bool:
-        return self.config.update_ratio == "float" and self.learn_from < self.step
+        return self.config.update_ratio == "float" and self.learners.learn_from < self.step
 
-    def _learn_rounds(self, rounds: int, prev: int | None = None) -> None:
-        """``rounds`` DQN3.0 learning rounds (n_replay updates per learner), target sync on ``target_q``
-        crossings (or, floating, every target_q / update_freq rounds), weights published every sync_every."""
+    def _floating_round(self) -> None:
+        """``update_ratio = "float"``: one round (n_replay updates per learner) whenever no batch waits; the
+        target syncs every ``target_q / update_freq`` rounds."""
         c = self.config
-        for _ in range(rounds):
-            for _ in range(c.n_replay):
-                self.learn(self.step)
-            self.rounds_since_sync += 1
-            if c.update_ratio == "float" and c.target_q > 0:
-                g0 = self.groups[0]
-                if (g0.updates // c.n_replay) % max(1, c.target_q // c.update_freq) == 0:
-                    for g in self.groups:
-                        g.learner.sync_target()
-        if c.update_ratio == "fixed" and prev is not None and c.target_q > 0 and \
-                self.step // c.target_q > prev // c.target_q:
-            for g in self.groups:
-                g.learner.sync_target()
-        if self.rounds_since_sync >= c.sync_every:
+        rounds = self.groups[0].updates // c.n_replay + 1
+        sync_target = c.target_q > 0 and rounds % max(1, c.target_q // c.update_freq) == 0
+        self.learners.run_round(c.n_replay, self.step, sync_target)
+        self._rounds_done(1)
+
+    def _rounds_done(self, rounds: int) -> None:
+        """Publish the online weights to the actors every ``sync_every`` learning rounds."""
+        self.rounds_since_sync += rounds
+        if self.rounds_since_sync >= self.config.sync_every:
             self.rounds_since_sync = 0
             self.weights_version += 1
             self._published = None
 
     def _current_weights(self) -> tuple[int, list]:
-        if getattr(self, "_published", None) is None or self._published[0] != self.weights_version:
-            weights = [{k: v.detach().to("cpu", copy=True) for k, v in g.learner.online_network.state_dict().items()}
-                       for g in self.groups]
+        if self._published is None or self._published[0] != self.weights_version:
+            weights = [{k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}
+                       for net in self.learners.online_networks]
             payload = (self.weights_version, weights)
             if isinstance(self.pool, RayPool):
                 payload = (self.weights_version, self.pool.ray.put(weights))  # one copy in the object store
@@ -420,47 +405,13 @@ class DistributedTrainer(Trainer):
         return self._published
 
     def _ingest(self, batch: Rollout) -> None:
-        known = self.incarnations.get(batch.actor)
-        if known is not None and known != batch.incarnation:  # Ray rebuilt the actor; its lost batch never came
-            self._close_streams(batch.actor, "was restarted by Ray")
-        self.incarnations[batch.actor] = batch.incarnation
-        for group, local, frame, action, reward, terminal, episode_end, mask in batch.entries:
-            g = self.groups[group]
-            stream = self.global_stream(group, batch.actor, local)
-            entry = (frame, action, reward, terminal, episode_end, mask)
-            g.learner.r_max = max(g.learner.r_max, reward)  # DQN3.0: running max of the clipped reward
-            held = self.held.pop((group, stream), None)
-            if held is not None:
-                self._add(g, stream, *held)
-            if episode_end:
-                self._add(g, stream, *entry)
-            else:
-                self.held[(group, stream)] = entry
+        self.acting.ingest(batch, self.step)
         for r in batch.episodes:
             self.episodes += 1
             record = EpisodeRecord(self.step + batch.steps, self.episodes, batch.actor * self.config.num_envs
                                    + r.env_index, r.scores, r.lengths, r.truncated)
             for h in self.hooks:
                 h.on_episode(self, record)
-
-    def _add(self, g: Group, stream: int, frame, action, reward, terminal, episode_end, mask) -> None:
-        g.replay.add(stream, frame, action, reward, terminal, episode_end, **self._mask_kw(mask))
-
-    def _close_streams(self, actor: int, what: str) -> None:
-        """An actor process died: end its open episodes in replay at their last received frame (truncated),
-        as the Trainer does for an env copy reset mid-episode. Its unfinished batch was never received, so
-        never counted; the new actor fetches the current weights with its first call."""
-        self.actor_restarts += 1
-        for group, stream in list(self.held):
-            if self._stream_actor(group, stream) == actor:
-                frame, _, _, _, _, mask = self.held.pop((group, stream))
-                self._add(self.groups[group], stream, frame, 0, 0.0, False, True, mask)
-        print(f"madqn: actor {actor} {what} before step {self.step}; its unfinished batch is dropped "
-              f"(not counted), its episodes end in replay, training continues", file=sys.stderr, flush=True)
-
-    def _stream_actor(self, group: int, stream: int) -> int:
-        n = self.config.num_envs
-        return (stream % (n * self.config.actors)) // n
 
     def close(self) -> None:
         self.pool.close()

@@ -146,7 +146,7 @@ class EvalHook(Hook):
         if self.env is None:
             return
         c = trainer.config
-        if c.valid_size > 0 and not self.valid and trainer.step > trainer.learn_from:
+        if c.valid_size > 0 and not self.valid and trainer.step > trainer.learners.learn_from:
             try:
                 self.valid = {g.name: draw_validation_set(g, c.valid_size, self.valid_rng, trainer.device)
                               for g in trainer.groups}

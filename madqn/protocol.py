@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from madqn.stats import Record, Summary, side_outcome, summarize, tally
+from madqn.stats import Record, Summary, mean_confidence_interval, side_outcome, tally
 
 RANDOM = "random"
 VS_RANDOM, RANDOM_VS_RANDOM, SELF, CROSS = "vs_random", "random_vs_random", "self", "cross"
@@ -181,7 +181,7 @@ def episode_scores(rows: Iterable[Mapping[str, Any]], player: str, **where: Any)
 
 
 def score_summary(rows: Iterable[Mapping[str, Any]], player: str, confidence: float = 0.95, **where: Any) -> Summary:
-    return summarize(episode_scores(rows, player, **where), confidence)
+    return mean_confidence_interval(episode_scores(rows, player, **where), confidence)
 
 
 def record(rows: Iterable[Mapping[str, Any]], player: str, **where: Any) -> Record:
@@ -197,7 +197,7 @@ def length_summary(rows: Iterable[Mapping[str, Any]], **where: Any) -> Summary:
     steps: dict[tuple[str, str], float] = {}
     for r in select(rows, **where):
         steps.setdefault((str(r["setting"]), str(r["episode"])), float(r["steps"]))
-    return summarize(steps.values())
+    return mean_confidence_interval(steps.values())
 
 
 def games(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, float]]:

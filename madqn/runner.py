@@ -1,10 +1,10 @@
-"""The training loop: env -> actor -> replay -> learner, with hooks for logging, evaluation, checkpoints.
+"""The in-process trainer: an acting loop (madqn.acting) feeding a learner set (madqn.learners), with hooks.
 
-One *slot* is one agent seat in one env copy: it owns a recent history, a replay stream and the
-transition waiting for its successor. A *learner* (online/target network and optimizer) serves
-one agent (``sharing = "independent"``) or all of them (``"shared"``, fed by every agent's replay
-streams, told which agent it plays by the agent indicator). Steps count agent steps (see
-``madqn.config``); learning rounds and target syncs follow DQN3.0's ``perceive``.
+Data path: env copies -> acting loop -> sink -> replay -> learner set. The :class:`Trainer` is the
+acting loop's sink (transitions into replay, episode records to the hooks) and runs the learner
+set's rounds between acting and emulating, in DQN3.0's ``perceive`` order. :class:`Hook` is how
+logging, evaluation, checkpoints and videos attach; :class:`TrainerBase` is what they see of a run,
+in-process or on Ray (madqn.distributed). Steps count agent steps (see ``madqn.config``).
 """
 
 from __future__ import annotations
@@ -12,26 +12,21 @@ from __future__ import annotations
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 import torch
 
-from madqn.actor import RecentHistory, epsilon_greedy, linear_epsilon
+from madqn.acting import ActingLoop, EpisodeRecord, Slot  # noqa: F401  (EpisodeRecord, Slot: part of this API)
+from madqn.actor import linear_epsilon
 from madqn.config import Config
 from madqn.env import action_starts, is_pettingzoo_env, observation_specs
 from madqn.errors import MadqnError
-from madqn.learner import Learner
-from madqn.networks import build_q_network
+from madqn.learners import (SHARED, Group, LearnerSet, check_shared_spaces, group_members,  # noqa: F401
+                            learning_rounds, replay_seeds_and_acting_rng)
 from madqn.overlap import BackgroundLearner
-from madqn.policy import ActingNetworks
-from madqn.prioritized import annealed_beta
-from madqn.replay import ReplayMemory
 from madqn.vecenv import make_envs, use_processes
-
-SHARED = "shared"
 TORCH_DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice (physical cores), before anything changes it
 
 
@@ -62,69 +57,81 @@ def resolve_threads(num_threads: int, env_workers: int = 0, cores: int | None = 
     return threads, f"auto: {cores} cores, {for_envs} for the envs"
 
 
-@dataclass
-class Slot:
-    """One agent seat in one env copy."""
-
-    env_index: int
-    agent: str
-    stream: int  # stream index inside its learner's replay memory
-    agent_id: int  # index of the agent in possible_agents (the agent indicator)
-    history: RecentHistory
-    pending: tuple[np.ndarray, int, Any] | None = None  # (frame, action, legal mask) awaiting reward and successor
-    reward: float = 0.0  # clipped reward accumulated for the pending transition
-    score: float = 0.0  # raw (unclipped) score of the current episode
-    length: int = 0  # agent steps in the current episode
-
-
-@dataclass
-class EpisodeRecord:
-    step: int
-    episode: int
-    env_index: int
-    scores: dict[str, float]
-    lengths: dict[str, int]
-    truncated: bool
-
-
-@dataclass
-class Group:
-    """A learner and the agents (slots) it serves."""
-
-    name: str
-    agents: list[str]
-    learner: Learner
-    replay: ReplayMemory
-    n_actions: int
-    stream_agent_ids: np.ndarray  # (n_streams,) agent id per replay stream
-    updates: int = 0
-    stats: list[dict[str, torch.Tensor]] = field(default_factory=list)
-
-
 class Hook:
     """Override what you need; the trainer calls these in order of registration."""
 
-    def on_start(self, trainer: "Trainer") -> None: ...
-    def on_step(self, trainer: "Trainer") -> None: ...
-    def on_episode(self, trainer: "Trainer", record: EpisodeRecord) -> None: ...
-    def on_end(self, trainer: "Trainer") -> None: ...
-    def on_scalars(self, trainer: "Trainer", step: int, scalars: dict[str, float]) -> None: ...
+    def on_start(self, trainer: "TrainerBase") -> None: ...
+    def on_step(self, trainer: "TrainerBase") -> None: ...
+    def on_episode(self, trainer: "TrainerBase", record: EpisodeRecord) -> None: ...
+    def on_end(self, trainer: "TrainerBase") -> None: ...
+    def on_scalars(self, trainer: "TrainerBase", step: int, scalars: dict[str, float]) -> None: ...
 
 
-def learning_rounds(prev: int, step: int, learn_from: int, update_freq: int) -> int:
-    """DQN3.0 perceive: a learning round at every step > learn_from that is a multiple of update_freq;
-    how many such steps lie in (prev, step] (several when one call advances several agent steps)."""
-    if step <= learn_from:
-        return 0
-    return step // update_freq - max(prev, learn_from) // update_freq
+class TrainerBase:
+    """What hooks and checkpoints see of a run, whatever the backend: ``config``, ``agents``, ``step``,
+    ``episodes``, ``learners`` (the :class:`~madqn.learners.LearnerSet`; ``groups`` are its groups),
+    ``acting`` (the acting side's state), ``epsilon()``, ``log_scalars``, ``settle()``; ``run()`` calls
+    the hooks around the backend's ``_loop``."""
+
+    config: Config
+    hooks: list[Hook]
+    device: torch.device
+    learners: LearnerSet
+    agents: list[str]
+    start_time: float
+    stop_requested: bool = False  # set by hooks or signal handlers: stop after the current step
+    failed: bool = False  # run() ended by an exception: the state may be mid-step, checkpoints must not save it
+
+    @property
+    def groups(self) -> list[Group]:
+        return self.learners.groups
+
+    def epsilon(self) -> float:
+        """DQN3.0's training epsilon at the current agent step."""
+        c = self.config
+        return linear_epsilon(self.step, ep_start=c.ep_start, ep_end=c.ep_end, ep_endt=c.ep_endt,
+                              learn_start=c.learn_start)
+
+    def log_scalars(self, scalars: dict[str, float], step: int | None = None) -> None:
+        """Publish named scalars (TensorBoard-style tags, e.g. ``td_error/first_0``) to every hook's ``on_scalars``."""
+        step = self.step if step is None else int(step)
+        for h in self.hooks:
+            h.on_scalars(self, step, scalars)
+
+    def settle(self) -> None:
+        """Return once no learning round is running: the learners' weights and statistics then hold still
+        until the next step (overlap mode waits for the learner thread; otherwise nothing to wait for)."""
+
+    def run(self) -> None:
+        for h in self.hooks:
+            h.on_start(self)
+        try:
+            self._loop()
+        except BaseException:
+            self.failed = True
+            raise
+        finally:
+            for h in self.hooks:
+                h.on_end(self)
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> "TrainerBase":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
 
 
-def clip_reward(r: float, lo: float, hi: float) -> float:
-    return min(max(float(r), lo), hi)
-
-
-class Trainer:
-    """Wires envs, actor, replay and learners for one run; ``run()`` trains ``config.steps`` agent steps."""
+class Trainer(TrainerBase):
+    """The in-process run: an acting loop over ``num_envs`` env copies whose transitions go straight into
+    the learner set's replay, learning rounds in DQN3.0 ``perceive`` order, hooks; ``run()`` trains
+    ``config.steps`` agent steps. With ``overlap = true`` the same learner set runs its rounds in a
+    thread (madqn.overlap)."""
 
     def __init__(self, config: Config, env: Any = None, hooks: Iterable[Hook] = ()):
         self.config = config
@@ -135,96 +142,61 @@ class Trainer:
         self.torch_threads, self.threads_reason = resolve_threads(config.num_threads, workers)
         torch.set_num_threads(self.torch_threads)
         torch.manual_seed(config.seed)
-        self.rng = np.random.default_rng(config.seed)
         if config.num_envs > 1 and is_pettingzoo_env(env_spec):
             raise MadqnError("num_envs > 1 needs an env spec or a factory (one env per copy), not an env instance")
         self.env_spec = env_spec  # what make_env built the envs from (hooks may build more copies)
-        self.envs = make_envs(env_spec, config)  # worker processes or inline copies (madqn.vecenv)
-        first = self.envs[0]
+        envs = make_envs(env_spec, config)  # worker processes or inline copies (madqn.vecenv)
+        first = envs[0]
         self.agents = list(first.possible_agents)
         self.observation_specs = observation_specs(first, config)  # raw observation -> network input (checkpoints)
         self.action_starts = action_starts(first)  # each agent's Discrete.start
-        self.step = 0
-        self.episodes = 0
-        self.learn_from = config.learn_start  # learning rounds run once step > learn_from (later after a resume without replay)
         self.start_time = time.time()
-        started = [env.reset() for env in self.envs]
-        self.has_masks = any("action_mask" in info for _, infos in started for info in infos.values())
-        self.groups = self._build_groups(first)
-        self.group_of = {a: g for g in self.groups for a in g.agents}
-        self.group_index = {a: k for k, g in enumerate(self.groups) for a in g.agents}
-        self.policy = ActingNetworks([g.learner.online_network for g in self.groups], self.device,
-                                     snapshot=config.overlap)
-        self.slots: dict[tuple[int, str], Slot] = {}
-        for g in self.groups:
-            for stream, (i, a) in enumerate((i, a) for a in g.agents for i in range(config.num_envs)):
-                space = first.observation_space(a)
-                self.slots[(i, a)] = Slot(i, a, stream, self.agents.index(a),
-                                          RecentHistory(config.hist_len, space.shape, space.dtype))
-        self.observations: list[dict[str, np.ndarray]] = [{} for _ in self.envs]
-        self.infos: list[dict[str, Any]] = [{} for _ in self.envs]
-        for i, (obs, infos) in enumerate(started):
-            self._begin_episode(i, obs, infos)
-        self.stop_requested = False  # set by hooks or signal handlers: stop after the current step
-        self.failed = False  # run() ended by an exception: the state may be mid-step, checkpoints must not save it
-        self.background = BackgroundLearner(self) if config.overlap else None  # madqn.overlap
+        started = [env.reset() for env in envs]
+        has_masks = any("action_mask" in info for _, infos in started for info in infos.values())
+        replay_seeds, acting_rng = replay_seeds_and_acting_rng(config.seed, len(group_members(config, self.agents)))
+        self.learners = LearnerSet(config, first, config.num_envs, has_masks, replay_seeds, self.device)
+        self.acting = ActingLoop(config, envs, self.learners.online_networks, self, acting_rng, self.device,
+                                 started=started)
+        self.background = BackgroundLearner(self.learners, self.acting.policy.refresh) if config.overlap else None
 
-    # ---- construction -----------------------------------------------------------------------
-    def _build_groups(self, env: Any) -> list[Group]:
-        c = self.config
-        if c.sharing == SHARED:
-            check_shared_spaces(env)
-            members = [(SHARED, self.agents)]
-        else:
-            members = [(a, [a]) for a in self.agents]
-        groups = []
-        for name, agents in members:
-            obs_space = env.observation_space(agents[0])
-            n_actions = int(env.action_space(agents[0]).n)
-            n_indicator = len(self.agents) if (c.sharing == SHARED and c.agent_indicator) else 0
-            network = build_q_network(tuple(obs_space.shape), n_actions, c.hist_len, n_indicator,
-                                      kind=c.network, hidden=tuple(c.mlp_hidden), dueling=c.dueling).to(self.device)
-            learner = Learner(network, lr=c.lr, lr_end=c.lr_end, lr_endt=c.lr_endt, learn_start=c.learn_start,
-                              discount=c.discount, clip_delta=c.clip_delta, rescale_r=c.rescale_r, r_max=1.0,
-                              weight_cost=c.wc, device=self.device, decay=c.rmsprop_decay, eps=c.rmsprop_eps,
-                              use_target=c.target_q > 0, optimizer=c.optimizer, adam_eps=c.adam_eps,
-                              double=c.double, precision=c.precision)
-            replay = ReplayMemory(c.replay_memory, tuple(obs_space.shape), c.hist_len,
-                                  n_streams=len(agents) * c.num_envs, frame_dtype=obs_space.dtype,
-                                  n_actions=n_actions, store_action_masks=self.has_masks,
-                                  seed=int(self.rng.integers(2**31)), n_step=c.n_step, discount=c.discount,
-                                  prioritized=c.prioritized, priority_alpha=c.priority_alpha,
-                                  priority_eps=c.priority_eps)
-            ids = np.array([self.agents.index(a) for a in agents for _ in range(c.num_envs)], dtype=np.int64)
-            groups.append(Group(name, list(agents), learner, replay, n_actions, ids))
-        return groups
+    @property
+    def step(self) -> int:
+        return self.acting.step
 
-    # ---- the loop ---------------------------------------------------------------------------
-    def epsilon(self) -> float:
-        c = self.config
-        return linear_epsilon(self.step, ep_start=c.ep_start, ep_end=c.ep_end, ep_endt=c.ep_endt,
-                              learn_start=c.learn_start)
+    @step.setter
+    def step(self, value: int) -> None:
+        self.acting.step = int(value)
 
-    def run(self) -> None:
+    @property
+    def episodes(self) -> int:
+        return self.acting.episodes
+
+    @episodes.setter
+    def episodes(self, value: int) -> None:
+        self.acting.episodes = int(value)
+
+    # ---- the acting loop's sink -------------------------------------------------------------------
+    def add(self, agent: str, copy: int, frame: np.ndarray, action: int, reward: float, terminal: bool,
+            episode_end: bool, mask: Any = None) -> None:
+        """A transition from the acting loop: straight into its learner's replay stream."""
+        self.learners.add(agent, copy, frame, action, reward, terminal, episode_end, mask)
+
+    def episode(self, record: EpisodeRecord) -> None:
+        """A finished episode from the acting loop: to every hook."""
         for h in self.hooks:
-            h.on_start(self)
-        try:
-            self.policy.refresh()  # overlap mode: act with the weights as they are now (e.g. restored)
-            while self.step < self.config.steps and not self.stop_requested:
-                prev = self.step
-                self.env_step()
-                if self.background is not None and self._hooks_due(prev):
-                    self.background.drain()  # hooks that log or checkpoint see settled learners
-                for h in self.hooks:
-                    h.on_step(self)
-            if self.background is not None:
-                self.background.drain()
-        except BaseException:
-            self.failed = True
-            raise
-        finally:
+            h.on_episode(self, record)
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        self.acting.policy.refresh()  # overlap mode: act with the weights as they are now (e.g. restored)
+        while self.step < self.config.steps and not self.stop_requested:
+            prev = self.step
+            self.env_step()
+            if self.background is not None and self._hooks_due(prev):
+                self.background.drain()  # hooks that log or checkpoint see settled learners
             for h in self.hooks:
-                h.on_end(self)
+                h.on_step(self)
+        self.settle()
 
     def env_step(self) -> None:
         """One step of every env copy in DQN3.0 ``perceive`` order: act, learn, then the emulators advance.
@@ -233,227 +205,29 @@ class Trainer:
         inline envs step after it. Either way the learning round samples the replay as it was
         before this step's transitions, and the result is the same.
         """
-        c = self.config
-        acting = [self.slots[(i, a)] for i, obs in enumerate(self.observations) for a in obs
-                  if a in self.envs[i].agents]
-        actions = self.act(acting, self.epsilon())
-        per_env: list[dict[str, int]] = [{} for _ in self.envs]
-        for slot, action in zip(acting, actions):
-            mask = self.infos[slot.env_index].get(slot.agent, {}).get("action_mask")
-            slot.pending = (self.observations[slot.env_index][slot.agent], int(action), mask)
-            slot.reward = 0.0
-            per_env[slot.env_index][slot.agent] = int(action)
-        stepping = [i for i, env in enumerate(self.envs) if per_env[i] or env.agents]
-        for i in stepping:
-            if hasattr(self.envs[i], "step_async"):
-                self.envs[i].step_async(per_env[i])
-        prev, step = self.step, self.step + len(self.envs)
-        # learn_from: learn_start, or later after a resume without replay
-        n_updates = learning_rounds(prev, step, self.learn_from, c.update_freq) * c.n_replay
-        sync_target = c.target_q > 0 and step // c.target_q > prev // c.target_q
+        stepping = self.acting.send()
+        prev, step = self.step, self.step + len(self.acting.envs)
+        n_updates, sync_target = self.learners.due(prev, step)
         if self.background is not None:
             self.background.submit(n_updates, step, sync_target)
         else:
-            for _ in range(n_updates):
-                self.learn(step)
-            if sync_target:
-                for g in self.groups:
-                    g.learner.sync_target()
+            self.learners.run_round(n_updates, step, sync_target)
         with self.background.replay_lock if self.background is not None else nullcontext():
-            for i in stepping:
-                self._step_env(i, per_env[i])
-        self.step = step
+            self.acting.collect(stepping)
 
     def _hooks_due(self, prev: int) -> bool:
         """Whether this step crossed a multiple of prog_freq, save_freq or eval_freq (where hooks act)."""
         c = self.config
         return any(k > 0 and self.step // k > prev // k for k in (c.prog_freq, c.save_freq, c.eval_freq))
 
-    def log_scalars(self, scalars: dict[str, float], step: int | None = None) -> None:
-        """Publish named scalars (TensorBoard-style tags, e.g. ``td_error/first_0``) to every hook's ``on_scalars``."""
-        step = self.step if step is None else int(step)
-        for h in self.hooks:
-            h.on_scalars(self, step, scalars)
-
-    def act(self, slots: list[Slot], epsilon: float) -> np.ndarray:
-        """Epsilon-greedy actions for ``slots``: the greedy rows of all agents in one batched forward.
-
-        Shared network: one forward with agent ids. Independent networks of one architecture: one
-        vmapped forward over their stacked parameters (madqn.policy). Learners with different
-        action counts are served one after another.
-        """
-        actions = np.zeros(len(slots), dtype=np.int64)
-        if not slots:
-            return actions
-        groups = np.array([self.group_index[s.agent] for s in slots], dtype=np.int64)
-        ids = np.array([s.agent_id for s in slots], dtype=np.int64)
-        n_actions = sorted({g.n_actions for g in self.groups})
-        parts = [np.arange(len(slots))] if len(n_actions) == 1 else \
-            [np.flatnonzero(groups == k) for k in range(len(self.groups))]
-        for rows in parts:
-            if not len(rows):
-                continue
-            members = [slots[k] for k in rows]
-
-            def q_fn(sel: np.ndarray, members=members, rows=rows) -> np.ndarray:
-                states = np.stack([members[k].history.state() for k in sel])
-                return self.policy.q_values(states, groups[rows[sel]], ids[rows[sel]])
-
-            n = self.groups[groups[rows[0]]].n_actions
-            actions[rows] = epsilon_greedy(q_fn, len(members), epsilon, self.rng, n, self._masks(members, n))
-        return actions
-
-    def _masks(self, slots: list[Slot], n_actions: int) -> np.ndarray | None:
-        masks = [self.infos[s.env_index].get(s.agent, {}).get("action_mask") for s in slots]
-        if all(m is None for m in masks):
-            return None
-        return np.stack([np.ones(n_actions, bool) if m is None else np.asarray(m, bool) for m in masks])
-
-    def _step_env(self, i: int, actions: dict[str, int]) -> None:
-        c = self.config
-        env = self.envs[i]
-        obs, rewards, terms, truncs, infos = env.step_wait() if hasattr(env, "step_async") else env.step(actions)
-        for agent, r in rewards.items():
-            slot = self.slots[(i, agent)]
-            slot.score += float(r)
-            if slot.pending is not None:
-                slot.reward += clip_reward(r, c.min_reward, c.max_reward)
-        for agent in actions:
-            self.slots[(i, agent)].length += 1
-        next_obs: dict[str, np.ndarray] = {}
-        for agent, o in obs.items():
-            slot = self.slots[(i, agent)]
-            done = bool(terms.get(agent, False) or truncs.get(agent, False))
-            life_lost = bool(infos.get(agent, {}).get("life_lost", False)) and c.terminal_on_life_loss
-            if slot.pending is not None:
-                self._store(slot)
-            if done or life_lost:
-                # the final frame closes the episode (for learning) in this stream
-                g = self.group_of[agent]
-                g.replay.add(slot.stream, o, 0, 0.0, bool(terms.get(agent, False)) or life_lost, True,
-                             **self._mask_kw(infos.get(agent, {}).get("action_mask")))
-                slot.history.reset()
-            if not done:
-                slot.history.push(o)
-                next_obs[agent] = o
-        self.observations[i] = next_obs
-        self.infos[i] = infos
-        if not env.agents:
-            self._end_episode(i, truncated=any(truncs.values()))
-            self._reset_env(i)
-
-    def _mask_kw(self, mask: Any) -> dict:
-        return {"action_mask": mask} if self.has_masks else {}
-
-    def _store(self, slot: Slot) -> None:
-        frame, action, mask = slot.pending
-        g = self.group_of[slot.agent]
-        g.learner.r_max = max(g.learner.r_max, slot.reward)  # DQN3.0: running max of the clipped reward
-        g.replay.add(slot.stream, frame, action, slot.reward, False, False, **self._mask_kw(mask))
-        slot.pending = None
-        slot.reward = 0.0
-
-    def _end_episode(self, i: int, truncated: bool) -> None:
-        slots = [self.slots[(i, a)] for a in self.agents]
-        self.episodes += 1
-        record = EpisodeRecord(self.step, self.episodes, i, {s.agent: s.score for s in slots},
-                               {s.agent: s.length for s in slots}, truncated)
-        for h in self.hooks:
-            h.on_episode(self, record)
-
-    def _reset_env(self, i: int) -> None:
-        for a in self.agents:
-            slot = self.slots[(i, a)]
-            if slot.pending is not None:  # an agent the env never finished: close its stream's episode
-                g = self.group_of[a]
-                g.replay.add(slot.stream, slot.pending[0], 0, 0.0, False, True, **self._mask_kw(slot.pending[2]))
-                slot.pending = None
-        self._begin_episode(i, *self.envs[i].reset())
-
-    def _begin_episode(self, i: int, obs: dict[str, np.ndarray], infos: dict[str, Any]) -> None:
-        for a in self.agents:
-            slot = self.slots[(i, a)]
-            slot.history.reset()
-            slot.score, slot.length, slot.reward = 0.0, 0, 0.0
-        for a, o in obs.items():
-            self.slots[(i, a)].history.push(o)
-        self.observations[i] = dict(obs)
-        self.infos[i] = infos
-
-    def learn(self, step: int | None = None, replay_lock: Any = None) -> None:
-        """One minibatch update of every learner (``step``: the agent step for the lr schedule;
-        ``replay_lock``: held while sampling, in overlap mode)."""
-        c = self.config
-        step = self.step if step is None else step
-        beta = annealed_beta(step, beta_start=c.priority_beta, learn_start=c.learn_start,
-                             anneal_steps=c.priority_beta_endt or c.steps - c.learn_start)
-        for g in self.groups:
-            with replay_lock if replay_lock is not None else nullcontext():
-                batch = g.replay.sample(c.minibatch_size, beta=beta)
-            to = self._to_device
-            states, next_states = self._state_stacks(batch)
-            stats = g.learner.update(
-                states, to(batch.actions), to(batch.rewards), next_states,
-                to(batch.terminals), agent_ids=to(g.stream_agent_ids[batch.streams]),
-                next_action_masks=None if batch.next_action_masks is None else to(batch.next_action_masks),
-                step=step, discounts=None if batch.discounts is None else to(batch.discounts),
-                weights=None if batch.weights is None else to(batch.weights))
-            delta = stats.pop("delta")
-            if g.replay.tree is not None:  # prioritized replay: the new |clipped delta| of each sampled transition
-                deltas = delta.float().cpu().numpy()
-                with replay_lock if replay_lock is not None else nullcontext():
-                    g.replay.update_priorities(batch.streams, batch.indices, deltas)
-            g.updates += 1
-            g.stats.append(stats)
-
-    def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        """A minibatch array as a device tensor (no copy on CPU); frames stay uint8 until the network.
-
-        On CUDA the copy goes through pinned (page-locked) memory and does not block the host; the
-        caching host allocator keeps the pinned block until the copy has finished.
-        """
-        t = torch.from_numpy(array)
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t
-
-    def _state_stacks(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(s, s2) tensors; when the replay returned them as views of one (B, h+1, ...) array, that
-        array crosses to the device once and s, s2 are its two overlapping slices."""
-        whole = batch.states.base
-        h = batch.states.shape[1]
-        if (isinstance(whole, np.ndarray) and whole.shape == (batch.states.shape[0], h + 1, *batch.states.shape[2:])
-                and batch.next_states.base is whole):
-            t = self._to_device(whole)
-            return t[:, :h], t[:, 1:]
-        return self._to_device(batch.states), self._to_device(batch.next_states)
+    def settle(self) -> None:
+        if self.background is not None:
+            self.background.drain()
 
     def close(self) -> None:
         if self.background is not None:
             self.background.close()
-        for env in self.envs:
-            env.close()
-
-    def __enter__(self) -> "Trainer":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def check_shared_spaces(env: Any) -> None:
-    """A shared network needs every agent to have the same observation and action spaces."""
-    agents = list(env.possible_agents)
-    ref = agents[0]
-    for a in agents[1:]:
-        o0, o1 = env.observation_space(ref), env.observation_space(a)
-        a0, a1 = env.action_space(ref), env.action_space(a)
-        if o0.shape != o1.shape or o0.dtype != o1.dtype:
-            raise MadqnError(f"sharing = shared needs equal observation spaces, but {ref} has {o0} and {a} has {o1}; "
-                             "use --sharing independent")
-        if a0 != a1:
-            raise MadqnError(f"sharing = shared needs equal action spaces, but {ref} has {a0} and {a} has {a1}; "
-                             "use --sharing independent")
+        self.acting.close()
 
 
 def default_run_dir(config: Config) -> Path:

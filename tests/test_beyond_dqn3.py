@@ -404,8 +404,8 @@ def test_every_switch_with_the_distributed_learner_and_its_actors(sharing):
         _check_learners(trainer)
         for actor in trainer.pool.actors:
             assert actor.weights_version > 0
-            for g_actor, g in zip(actor.groups, trainer.groups):
-                assert g_actor.learner.online_network.state_dict().keys() == g.learner.online_network.state_dict().keys()
+            for network, g in zip(actor.networks, trainer.groups):
+                assert network.state_dict().keys() == g.learner.online_network.state_dict().keys()
     finally:
         trainer.close()
 

@@ -96,17 +96,17 @@ def test_stacked_rebinds_parameters_replaced_from_outside():
 def test_trainer_independent_acting_uses_one_stacked_forward():
     cfg = make_config(SMOKE, {"sharing": "independent", "num_envs": 2, "vector_env": "inline", "seed": 4})
     with Trainer(cfg) as trainer:
-        assert trainer.policy.stacked is not None and trainer.policy.stacked.is_bound()
+        assert trainer.acting.policy.stacked is not None and trainer.acting.policy.stacked.is_bound()
         rng = np.random.default_rng(3)
-        for slot in trainer.slots.values():
+        for slot in trainer.acting.slots.values():
             slot.history.frames[:] = rng.integers(0, 256, size=slot.history.frames.shape, dtype=np.uint8)
-        slots = list(trainer.slots.values())
+        slots = list(trainer.acting.slots.values())
         calls = []
-        original = trainer.policy._stacked_q
-        trainer.policy._stacked_q = lambda x, g: calls.append(len(g)) or original(x, g)
-        actions = trainer.act(slots, epsilon=0.0)
+        original = trainer.acting.policy._stacked_q
+        trainer.acting.policy._stacked_q = lambda x, g: calls.append(len(g)) or original(x, g)
+        actions = trainer.acting.act(slots, epsilon=0.0)
         assert calls == [4]  # all 4 slots (2 agents x 2 copies) in one vmapped forward
         with torch.no_grad():
-            expected = [int(trainer.group_of[s.agent].learner.online_network(
+            expected = [int(trainer.learners.group_of[s.agent].learner.online_network(
                 torch.from_numpy(s.history.state()[None]))[0].argmax()) for s in slots]
         assert actions.tolist() == expected
