@@ -18,13 +18,12 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from madqn.acting import ActingLoop, EpisodeRecord, Slot  # noqa: F401  (EpisodeRecord, Slot: part of this API)
+from madqn.acting import ActingLoop, EpisodeRecord  # EpisodeRecord: what Hook.on_episode receives
 from madqn.actor import linear_epsilon
 from madqn.config import Config
 from madqn.env import action_starts, is_pettingzoo_env, observation_specs
 from madqn.errors import MadqnError
-from madqn.learners import (SHARED, Group, LearnerSet, check_shared_spaces, group_members,  # noqa: F401
-                            learning_rounds, replay_seeds_and_acting_rng)
+from madqn.learners import Group, LearnerSet, group_members, replay_seeds_and_acting_rng
 from madqn.overlap import BackgroundLearner
 from madqn.vecenv import make_envs, use_processes
 TORCH_DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice (physical cores), before anything changes it

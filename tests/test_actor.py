@@ -76,6 +76,6 @@ def test_epsilon_fraction_and_q_called_only_for_greedy_rows():
     (96, 104, 100, 4, 1),    # 100 itself is not > learn_start, 104 is
 ])
 def test_learning_rounds_follow_dqn3_perceive(prev, step, learn_from, update_freq, expected):
-    from madqn.runner import learning_rounds
+    from madqn.learners import learning_rounds
 
     assert learning_rounds(prev, step, learn_from, update_freq) == expected
