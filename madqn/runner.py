@@ -279,16 +279,17 @@ class Trainer:
         """Epsilon-greedy actions for ``slots``: the greedy rows of all agents in one batched forward.
 
         Shared network: one forward with agent ids. Independent networks of one architecture: one
-        vmapped forward over their stacked parameters (madqn.policy). Learners with different
-        action counts are served one after another.
+        vmapped forward over their stacked parameters (madqn.policy). Learners whose states cannot
+        be stacked together (different action counts, observation shapes or dtypes) are served one
+        after another.
         """
         actions = np.zeros(len(slots), dtype=np.int64)
         if not slots:
             return actions
         groups = np.array([self.group_index[s.agent] for s in slots], dtype=np.int64)
         ids = np.array([s.agent_id for s in slots], dtype=np.int64)
-        n_actions = sorted({g.n_actions for g in self.groups})
-        parts = [np.arange(len(slots))] if len(n_actions) == 1 else \
+        kinds = {(g.n_actions, g.replay.frame_shape, g.replay.frames.dtype) for g in self.groups}
+        parts = [np.arange(len(slots))] if len(kinds) == 1 else \
             [np.flatnonzero(groups == k) for k in range(len(self.groups))]
         for rows in parts:
             if not len(rows):
