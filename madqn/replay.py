@@ -144,6 +144,7 @@ class ReplayMemory:
         self.priority_eps = float(priority_eps)
         self.tree = SumTree(self.n_streams * self.capacity) if prioritized else None
         self.max_priority = 1.0  # the largest |clipped delta| + eps so far: what new transitions get
+        self._sampleable = False  # some stored transition is valid (see can_sample)
 
     # ------------------------------------------------------------------ writing
 
@@ -240,6 +241,13 @@ class ReplayMemory:
     def num_valid(self) -> int:
         """Number of sampleable (stream, j) pairs. O(len(self))."""
         return len(self.valid_indices()[0])
+
+    def can_sample(self) -> bool:
+        """Whether ``sample`` can draw a minibatch: some stored transition is valid. Counted while false
+        (early on, while the table is small), then remembered: a filled table keeps valid transitions."""
+        if not self._sampleable:
+            self._sampleable = self.num_valid() > 0
+        return self._sampleable
 
     def sample(self, batch_size: int, rng: np.random.Generator | None = None, *, beta: float = 1.0,
                dqn3: bool = False) -> Batch:

@@ -382,14 +382,18 @@ class Trainer:
         self.infos[i] = infos
 
     def learn(self, step: int | None = None, replay_lock: Any = None) -> None:
-        """One minibatch update of every learner (``step``: the agent step for the lr schedule;
-        ``replay_lock``: held while sampling, in overlap mode)."""
+        """One minibatch update of every learner whose replay can give one (``step``: the agent step for
+        the lr schedule; ``replay_lock``: held while sampling, in overlap mode). With a small
+        ``learn_start`` the first rounds find no complete transition yet and wait, as DQN3.0 learns
+        only from a table that can be sampled."""
         c = self.config
         step = self.step if step is None else step
         beta = annealed_beta(step, beta_start=c.priority_beta, learn_start=c.learn_start,
                              anneal_steps=c.priority_beta_endt or c.steps - c.learn_start)
         for g in self.groups:
             with replay_lock if replay_lock is not None else nullcontext():
+                if not g.replay.can_sample():
+                    continue
                 batch = g.replay.sample(c.minibatch_size, beta=beta)
             to = self._to_device
             states, next_states = self._state_stacks(batch)

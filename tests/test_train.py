@@ -102,3 +102,20 @@ def test_cli_train_single_agent_gymnasium_pong(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1 and "did you mean 'ALE/Pong-v5'" in proc.stderr
+
+
+def test_learn_start_zero_waits_for_a_sampleable_replay():
+    """learn_start = 0, update_freq = 1: the first steps have no complete transition yet; their learning
+    rounds are skipped (DQN3.0 learns only once the table can give a minibatch) instead of raising
+    'cannot sample from an empty replay memory'. The first update happens at the first round after a
+    transition (s, a, r, s2) is stored: step 2 stores it (after step 2's learning round), so step 3."""
+    cfg = make_config(None, {"env": str(ROOT / "tests" / "tiny_catch.py") + ":make", "steps": 3, "hist_len": 1,
+                             "mlp_hidden": [8], "replay_memory": 100, "learn_start": 0, "update_freq": 1,
+                             "minibatch_size": 4, "target_q": 0, "prog_freq": 100, "valid_size": 0,
+                             "device": "cpu", "sharing": "shared"})
+    with Trainer(cfg) as trainer:
+        updates = []
+        for _ in range(3):
+            trainer.env_step()
+            updates.append(trainer.groups[0].updates)
+        assert updates == [0, 0, 1]
