@@ -81,7 +81,7 @@ class Config:
 
     # --- DQN3.0 agent (NeuralQLearner) -------------------------------------------------------
     hist_len: int = _f(4, "frames stacked into one state [frames]", min=1)
-    replay_memory: int = _f(1_000_000, "replay capacity per agent (and per env copy) [transitions]", min=1)
+    replay_memory: int = _f(1_000_000, "replay capacity per agent, split over its env copies (num_envs x actors) [transitions]", min=1)
     learn_start: int = _f(50_000, "no learning until this many agent steps [agent steps]", min=0)
     update_freq: int = _f(4, "a learning round every update_freq agent steps [agent steps]", min=1)
     n_replay: int = _f(1, "minibatch updates per learning round", min=1)

@@ -28,7 +28,7 @@ from madqn.networks import build_q_network
 from madqn.overlap import BackgroundLearner
 from madqn.policy import ActingNetworks
 from madqn.prioritized import annealed_beta
-from madqn.replay import ReplayMemory
+from madqn.replay import ReplayMemory, available_memory, replay_nbytes, stream_capacity
 from madqn.vecenv import make_envs, use_processes
 
 SHARED = "shared"
@@ -177,6 +177,16 @@ class Trainer:
             members = [(SHARED, self.agents)]
         else:
             members = [(a, [a]) for a in self.agents]
+        capacity = stream_capacity(c.replay_memory, c.num_envs)  # an agent's budget over its env copies
+        if c.num_envs > 1 and capacity < c.hist_len + c.minibatch_size:
+            raise MadqnError(f"replay_memory = {c.replay_memory} split over {c.num_envs} env copies leaves {capacity} "
+                             f"entries per copy; each needs at least hist_len + minibatch_size "
+                             f"({c.hist_len + c.minibatch_size}): raise replay_memory")
+        check_replay_fits(c, [replay_nbytes(capacity, len(agents) * c.num_envs, env.observation_space(agents[0]).shape,
+                                            env.observation_space(agents[0]).dtype,
+                                            n_actions=int(env.action_space(agents[0]).n),
+                                            store_action_masks=self.has_masks, prioritized=c.prioritized)
+                              for _, agents in members])
         groups = []
         for name, agents in members:
             obs_space = env.observation_space(agents[0])
@@ -189,7 +199,7 @@ class Trainer:
                               weight_cost=c.wc, device=self.device, decay=c.rmsprop_decay, eps=c.rmsprop_eps,
                               use_target=c.target_q > 0, optimizer=c.optimizer, adam_eps=c.adam_eps,
                               double=c.double, precision=c.precision)
-            replay = ReplayMemory(c.replay_memory, tuple(obs_space.shape), c.hist_len,
+            replay = ReplayMemory(capacity, tuple(obs_space.shape), c.hist_len,
                                   n_streams=len(agents) * c.num_envs, frame_dtype=obs_space.dtype,
                                   n_actions=n_actions, store_action_masks=self.has_masks,
                                   seed=int(self.rng.integers(2**31)), n_step=c.n_step, discount=c.discount,
@@ -444,6 +454,16 @@ class Trainer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def check_replay_fits(config: Config, nbytes: list[int]) -> None:
+    """Refuse a run whose replay memories, once full, would not fit in the memory available now
+    (they are allocated lazily: without this check the run would die of out-of-memory hours in)."""
+    need, available = sum(nbytes), available_memory()
+    if available is not None and need > available:
+        raise MadqnError(f"the replay memory needs {need / 1e9:.2f} GB when full, but only {available / 1e9:.2f} GB "
+                         f"of memory is available: lower replay_memory (now {config.replay_memory} transitions "
+                         "per agent)")
 
 
 def check_shared_spaces(env: Any) -> None:
