@@ -3,7 +3,9 @@
 Counters count **agent steps**: one decision of one agent seat (= 4 emulator frames at
 ``action_repeat`` 4). In a parallel game every live agent acts once per environment step, so one
 environment step advances the counter by one; with ``num_envs`` copies a vector step advances it by
-``num_envs``. In a turn-based (AEC) game one environment step is one agent's move.
+``num_envs``. In a turn-based (AEC) game one round of turns (every live seat moves once) is one
+agent step, so each seat's ``learn_start``, ``update_freq``, ``ep_endt`` and ``target_q`` mean what
+they mean in a parallel game.
 
 Configs are TOML files (``configs/*.toml``) holding any subset of the fields; ``key=value``
 overrides are parsed as TOML values. Unknown keys and bad values raise :class:`ConfigError` naming

@@ -119,6 +119,12 @@ def learning_rounds(prev: int, step: int, learn_from: int, update_freq: int) -> 
     return step // update_freq - max(prev, learn_from) // update_freq
 
 
+def starts_round(moves: int, all_moves: list[int]) -> bool:
+    """Turn-based envs: a seat that has made ``moves`` moves this episode starts a new round of turns by
+    moving now when no seat has moved more often (``all_moves``: every seat's count, its own included)."""
+    return moves >= max(all_moves)
+
+
 def clip_reward(r: float, lo: float, hi: float) -> float:
     return min(max(float(r), lo), hi)
 
@@ -140,6 +146,7 @@ class Trainer:
             raise MadqnError("num_envs > 1 needs an env spec or a factory (one env per copy), not an env instance")
         self.env_spec = env_spec  # what make_env built the envs from (hooks may build more copies)
         self.envs = make_envs(env_spec, config)  # worker processes or inline copies (madqn.vecenv)
+        self.turn_based = [bool(getattr(env, "turn_based", False)) for env in self.envs]  # AEC: counter counts rounds
         first = self.envs[0]
         self.agents = list(first.possible_agents)
         self.observation_specs = observation_specs(first, config)  # raw observation -> network input (checkpoints)
@@ -257,7 +264,7 @@ class Trainer:
         for i in stepping:
             if hasattr(self.envs[i], "step_async"):
                 self.envs[i].step_async(per_env[i])
-        prev, step = self.step, self.step + len(self.envs)
+        prev, step = self.step, self.step + sum(self._agent_steps(i, per_env[i]) for i in range(len(self.envs)))
         # learn_from: learn_start, or later after a resume without replay
         n_updates = learning_rounds(prev, step, self.learn_from, c.update_freq) * c.n_replay
         sync_target = c.target_q > 0 and step // c.target_q > prev // c.target_q
@@ -273,6 +280,14 @@ class Trainer:
             for i in stepping:
                 self._step_env(i, per_env[i])
         self.step = step
+
+    def _agent_steps(self, i: int, actions: dict[str, int]) -> int:
+        """What this step of env copy ``i`` adds to the counter (madqn.config): 1 in a parallel env; in a
+        turn-based env 1 when the move starts a round of turns, so that a full round counts as one step."""
+        if not self.turn_based[i]:
+            return 1
+        moves = [self.slots[(i, a)].length for a in self.agents]
+        return int(any(starts_round(self.slots[(i, a)].length, moves) for a in actions))
 
     def _hooks_due(self, prev: int) -> bool:
         """Whether this step crossed a multiple of prog_freq, save_freq or eval_freq (where hooks act)."""
