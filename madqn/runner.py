@@ -184,16 +184,7 @@ class Trainer:
             members = [(SHARED, self.agents)]
         else:
             members = [(a, [a]) for a in self.agents]
-        capacity = stream_capacity(c.replay_memory, c.num_envs)  # an agent's budget over its env copies
-        if c.num_envs > 1 and capacity < c.hist_len + c.minibatch_size:
-            raise MadqnError(f"replay_memory = {c.replay_memory} split over {c.num_envs} env copies leaves {capacity} "
-                             f"entries per copy; each needs at least hist_len + minibatch_size "
-                             f"({c.hist_len + c.minibatch_size}): raise replay_memory")
-        check_replay_fits(c, [replay_nbytes(capacity, len(agents) * c.num_envs, env.observation_space(agents[0]).shape,
-                                            env.observation_space(agents[0]).dtype,
-                                            n_actions=int(env.action_space(agents[0]).n),
-                                            store_action_masks=self.has_masks, prioritized=c.prioritized)
-                              for _, agents in members])
+        capacity = replay_capacity(c, env, [agents for _, agents in members], self.has_masks)
         groups = []
         for name, agents in members:
             obs_space = env.observation_space(agents[0])
@@ -471,14 +462,25 @@ class Trainer:
         self.close()
 
 
-def check_replay_fits(config: Config, nbytes: list[int]) -> None:
-    """Refuse a run whose replay memories, once full, would not fit in the memory available now
-    (they are allocated lazily: without this check the run would die of out-of-memory hours in)."""
-    need, available = sum(nbytes), available_memory()
+def replay_capacity(config: Config, env: Any, members: list[list[str]], masks: bool) -> int:
+    """Entries per replay stream: each agent's ``replay_memory`` split over its ``num_envs`` env copies
+    (the Ray learner's num_envs counts every actor's copies). Refuses, before anything is allocated,
+    a split too small to sample from and replays (one per learner serving ``members``) that once
+    full would not fit in the memory available now: they fill lazily, so the run would die hours in."""
+    c = config
+    capacity = stream_capacity(c.replay_memory, c.num_envs)
+    if capacity < c.hist_len + c.minibatch_size:
+        raise MadqnError(f"replay_memory = {c.replay_memory} split over {c.num_envs} env copies leaves {capacity} "
+                         f"entries per copy; each needs at least hist_len + minibatch_size "
+                         f"({c.hist_len + c.minibatch_size}): raise replay_memory")
+    need = sum(replay_nbytes(capacity, len(agents) * c.num_envs, env.observation_space(agents[0]).shape,
+                             env.observation_space(agents[0]).dtype, n_actions=int(env.action_space(agents[0]).n),
+                             store_action_masks=masks, prioritized=c.prioritized) for agents in members)
+    available = available_memory()
     if available is not None and need > available:
         raise MadqnError(f"the replay memory needs {need / 1e9:.2f} GB when full, but only {available / 1e9:.2f} GB "
-                         f"of memory is available: lower replay_memory (now {config.replay_memory} transitions "
-                         "per agent)")
+                         f"of memory is available: lower replay_memory (now {c.replay_memory} transitions per agent)")
+    return capacity
 
 
 def check_shared_spaces(env: Any) -> None:

@@ -144,3 +144,11 @@ def test_cli_refuses_a_replay_that_does_not_fit_in_memory(madqn_cli, tmp_path):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("madqn: error: the replay memory needs ")
     assert "GB when full, but only " in lines[0] and "lower replay_memory (now 10000000000000" in lines[0]
+
+
+def test_replay_split_too_small_to_sample_is_refused():
+    cfg = make_config(None, {"env": str(ROOT / "tests" / "tiny_catch.py") + ":make", "num_envs": 4,
+                             "vector_env": "inline", "replay_memory": 100, "device": "cpu"})
+    with pytest.raises(madqn.MadqnError, match=r"replay_memory = 100 split over 4 env copies leaves 25 entries per "
+                                               r"copy; each needs at least hist_len \+ minibatch_size \(36\)"):
+        Trainer(cfg)
