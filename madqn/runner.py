@@ -304,7 +304,8 @@ class Trainer:
             return actions
         groups = np.array([self.group_index[s.agent] for s in slots], dtype=np.int64)
         ids = np.array([s.agent_id for s in slots], dtype=np.int64)
-        kinds = {(g.n_actions, g.replay.frame_shape, g.replay.frames.dtype) for g in self.groups}
+        kinds = {(self.group_of[s.agent].n_actions, s.history.frames.shape, s.history.frames.dtype)
+                 for s in self.slots.values()}
         parts = [np.arange(len(slots))] if len(kinds) == 1 else \
             [np.flatnonzero(groups == k) for k in range(len(self.groups))]
         for rows in parts:

@@ -108,8 +108,9 @@ class CountingTrainer(DistributedTrainer):
 
 
 def test_killed_ray_actor_is_replaced_and_nothing_is_counted_twice(capfd):
-    # replay large enough not to wrap; 30-step batches end mid-episode (episodes last 4 steps)
-    cfg = Config(**{**TINY, "replay_memory": 2000, "rollout_len": 30}, steps=1200, actors=2, backend="ray",
+    # replay large enough not to wrap (each of the 2 actors' streams holds 1200 entries, all the steps of the
+    # run, whichever actor makes them); 30-step batches end mid-episode (episodes last 4 steps)
+    cfg = Config(**{**TINY, "replay_memory": 2400, "rollout_len": 30}, steps=1200, actors=2, backend="ray",
                  sharing="shared")
     killer = KillActorOnce(at=400)
     trainer = CountingTrainer(cfg, hooks=[killer])
