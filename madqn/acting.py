@@ -13,7 +13,8 @@ epsilon-greedy randomness; it knows no learner. What it produces goes into a *si
 The in-process trainer's sink stores into the learner set's replay and calls the hooks; a Ray actor's
 sink records what it gets (:class:`RecordingSink`) and ships it to the learner. One step
 (:meth:`ActingLoop.send` then :meth:`ActingLoop.collect`) advances every env copy by one joint action;
-steps count agent steps (see ``madqn.config``): one per env copy.
+steps count agent steps (see ``madqn.config``): one per parallel env copy, and in a turn-based env one
+per round of turns (:func:`starts_round`).
 """
 
 from __future__ import annotations
@@ -85,8 +86,23 @@ class RecordingSink:
         return out
 
 
+@dataclass
+class Sent:
+    """What :meth:`ActingLoop.send` started: (env copy, joint actions) per copy to collect, and the agent
+    steps the step adds to the counter."""
+
+    stepping: list[tuple[int, dict[str, int]]]
+    agent_steps: int
+
+
 def clip_reward(r: float, lo: float, hi: float) -> float:
     return min(max(float(r), lo), hi)
+
+
+def starts_round(moves: int, all_moves: list[int]) -> bool:
+    """Turn-based envs: a seat that has made ``moves`` moves this episode starts a new round of turns by
+    moving now when no seat has moved more often (``all_moves``: every seat's count, its own included)."""
+    return moves >= max(all_moves)
 
 
 class ActingLoop:
@@ -101,6 +117,7 @@ class ActingLoop:
                  fixed_epsilon: float | None = None):
         self.config = config
         self.envs = list(envs)
+        self.turn_based = [bool(getattr(env, "turn_based", False)) for env in self.envs]  # AEC: counter counts rounds
         self.sink = sink
         self.rng = rng
         self.fixed_epsilon = fixed_epsilon
@@ -137,9 +154,8 @@ class ActingLoop:
         """One step of every env copy (act, then the emulators advance)."""
         self.collect(self.send())
 
-    def send(self) -> list[tuple[int, dict[str, int]]]:
-        """Choose every live agent's action; worker env copies start emulating (``step_async``).
-        Returns (env copy, joint actions) for each copy to collect."""
+    def send(self) -> Sent:
+        """Choose every live agent's action; worker env copies start emulating (``step_async``)."""
         acting = [self.slots[(i, a)] for i, obs in enumerate(self.observations) for a in obs
                   if a in self.envs[i].agents]
         actions = self.act(acting, self.epsilon())
@@ -153,28 +169,38 @@ class ActingLoop:
         for i, actions_i in stepping:
             if hasattr(self.envs[i], "step_async"):
                 self.envs[i].step_async(actions_i)
-        return stepping
+        return Sent(stepping, sum(self._agent_steps(i, per_env[i]) for i in range(len(self.envs))))
 
-    def collect(self, stepping: list[tuple[int, dict[str, int]]]) -> None:
+    def collect(self, sent: Sent) -> None:
         """The results of :meth:`send`: transitions and finished episodes into the sink; the step count advances."""
-        for i, actions in stepping:
+        for i, actions in sent.stepping:
             self._step_env(i, actions)
-        self.step += len(self.envs)
+        self.step += sent.agent_steps
+
+    def _agent_steps(self, i: int, actions: dict[str, int]) -> int:
+        """What this step of env copy ``i`` adds to the counter (madqn.config): 1 in a parallel env; in a
+        turn-based env 1 when the move starts a round of turns, so that a full round counts as one step."""
+        if not self.turn_based[i]:
+            return 1
+        moves = [self.slots[(i, a)].length for a in self.agents]
+        return int(any(starts_round(self.slots[(i, a)].length, moves) for a in actions))
 
     def act(self, slots: list[Slot], epsilon: float) -> np.ndarray:
         """Epsilon-greedy actions for ``slots``: the greedy rows of all agents in one batched forward.
 
         Shared network: one forward with agent ids. Independent networks of one architecture: one
-        vmapped forward over their stacked parameters (madqn.policy). Learners with different
-        action counts are served one after another.
+        vmapped forward over their stacked parameters (madqn.policy). Learners whose states cannot
+        be stacked together (different action counts, observation shapes or dtypes) are served one
+        after another.
         """
         actions = np.zeros(len(slots), dtype=np.int64)
         if not slots:
             return actions
         groups = np.array([self.group_index[s.agent] for s in slots], dtype=np.int64)
         ids = np.array([s.agent_id for s in slots], dtype=np.int64)
-        n_actions = sorted(set(self.n_actions))
-        parts = [np.arange(len(slots))] if len(n_actions) == 1 else \
+        kinds = {(self.n_actions[self.group_index[s.agent]], s.history.frames.shape, s.history.frames.dtype)
+                 for s in self.slots.values()}
+        parts = [np.arange(len(slots))] if len(kinds) == 1 else \
             [np.flatnonzero(groups == k) for k in range(len(self.n_actions))]
         for rows in parts:
             if not len(rows):

@@ -27,7 +27,7 @@ from madqn.errors import CheckpointError, MadqnError
 from madqn.learner import Learner
 from madqn.networks import build_q_network
 from madqn.prioritized import annealed_beta
-from madqn.replay import ReplayMemory
+from madqn.replay import ReplayMemory, available_memory, replay_nbytes, stream_capacity
 
 SHARED = "shared"
 UPDATE_STAT_KEYS = ("abs_delta", "q_mean", "q2_max")  # Learner.update statistics, in this column order
@@ -131,8 +131,10 @@ class LearnerSet:
         self.learn_from = c.learn_start  # rounds run once step > learn_from (later after a resume without replay)
         if c.sharing == SHARED:
             check_shared_spaces(env)
+        members = group_members(c, self.agents)
+        capacity = replay_capacity(c, env, [agents for _, agents in members], has_masks, n_copies)
         self.groups: list[Group] = []
-        for (name, agents), seed in zip(group_members(c, self.agents), replay_seeds):
+        for (name, agents), seed in zip(members, replay_seeds):
             obs_space = env.observation_space(agents[0])
             n_actions = int(env.action_space(agents[0]).n)
             network = q_network_for(c, obs_space.shape, n_actions, len(self.agents)).to(device)
@@ -141,7 +143,7 @@ class LearnerSet:
                               weight_cost=c.wc, device=device, decay=c.rmsprop_decay, eps=c.rmsprop_eps,
                               use_target=c.target_q > 0, optimizer=c.optimizer, adam_eps=c.adam_eps,
                               double=c.double, precision=c.precision)
-            replay = ReplayMemory(c.replay_memory, tuple(obs_space.shape), c.hist_len,
+            replay = ReplayMemory(capacity, tuple(obs_space.shape), c.hist_len,
                                   n_streams=len(agents) * n_copies, frame_dtype=obs_space.dtype,
                                   n_actions=n_actions, store_action_masks=has_masks, seed=seed, n_step=c.n_step,
                                   discount=c.discount, prioritized=c.prioritized, priority_alpha=c.priority_alpha,
@@ -194,8 +196,10 @@ class LearnerSet:
                 g.learner.sync_target()
 
     def learn(self, step: int, replay_lock: Any = None) -> None:
-        """One minibatch update of every learner (``step``: the agent step for the lr and beta schedules;
-        ``replay_lock``: held while touching the replay, in overlap mode)."""
+        """One minibatch update of every learner whose replay can give one (``step``: the agent step for the
+        lr and beta schedules; ``replay_lock``: held while touching the replay, in overlap mode). With a
+        small ``learn_start`` the first rounds find no complete transition yet and wait, as DQN3.0 learns
+        only from a table that can be sampled."""
         c = self.config
         lock = replay_lock if replay_lock is not None else nullcontext()
         beta = annealed_beta(step, beta_start=c.priority_beta, learn_start=c.learn_start,
@@ -203,6 +207,8 @@ class LearnerSet:
         to = self._to_device
         for g in self.groups:
             with lock:
+                if not g.replay.can_sample():
+                    continue
                 batch = g.replay.sample(c.minibatch_size, beta=beta)
             states, next_states = self._state_stacks(batch)
             stats = g.learner.update(
@@ -273,6 +279,27 @@ class LearnerSet:
                 g.replay.load_state_dict(state[g.name])
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"replay memory of {g.name} does not fit this config ({e})") from None
+
+
+def replay_capacity(config: Config, env: Any, members: list[list[str]], masks: bool, copies: int) -> int:
+    """Entries per replay stream: each agent's ``replay_memory`` split over its ``copies`` env copies (every
+    actor's copies in a Ray run). Refuses, before anything is allocated, a split too small to sample from
+    and replays (one per learner serving ``members``) that once full would not fit in the memory available
+    now: they fill lazily, so the run would die hours in."""
+    c = config
+    capacity = stream_capacity(c.replay_memory, copies)
+    if capacity < c.hist_len + c.minibatch_size:
+        raise MadqnError(f"replay_memory = {c.replay_memory} split over {copies} env copies leaves {capacity} "
+                         f"entries per copy; each needs at least hist_len + minibatch_size "
+                         f"({c.hist_len + c.minibatch_size}): raise replay_memory")
+    need = sum(replay_nbytes(capacity, len(agents) * copies, env.observation_space(agents[0]).shape,
+                             env.observation_space(agents[0]).dtype, n_actions=int(env.action_space(agents[0]).n),
+                             store_action_masks=masks, prioritized=c.prioritized) for agents in members)
+    available = available_memory()
+    if available is not None and need > available:
+        raise MadqnError(f"the replay memory needs {need / 1e9:.2f} GB when full, but only {available / 1e9:.2f} GB "
+                         f"of memory is available: lower replay_memory (now {c.replay_memory} transitions per agent)")
+    return capacity
 
 
 def check_shared_spaces(env: Any) -> None:

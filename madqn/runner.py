@@ -204,15 +204,15 @@ class Trainer(TrainerBase):
         inline envs step after it. Either way the learning round samples the replay as it was
         before this step's transitions, and the result is the same.
         """
-        stepping = self.acting.send()
-        prev, step = self.step, self.step + len(self.acting.envs)
+        sent = self.acting.send()
+        prev, step = self.step, self.step + sent.agent_steps
         n_updates, sync_target = self.learners.due(prev, step)
         if self.background is not None:
             self.background.submit(n_updates, step, sync_target)
         else:
             self.learners.run_round(n_updates, step, sync_target)
         with self.background.replay_lock if self.background is not None else nullcontext():
-            self.acting.collect(stepping)
+            self.acting.collect(sent)
 
     def _hooks_due(self, prev: int) -> bool:
         """Whether this step crossed a multiple of prog_freq, save_freq or eval_freq (where hooks act)."""
