@@ -20,22 +20,22 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
-from madqn.atari import is_atari_spec
-from madqn.checkpoint import (LATEST, REPLAY, REPLAY_KIND, atomic_save, atomic_write_text,
+from madqn.envs.atari import is_atari_spec
+from madqn.training.checkpoint import (LATEST, REPLAY, REPLAY_KIND, atomic_save, atomic_write_text,
                               close_interrupted_episodes, load_run_checkpoint, remove_temporaries, replay_state,
                               restore_replay, restore_trainer, safe_load, trainer_state, truncate_csv)
-from madqn.commands import resume_command
+from madqn.cli.commands import resume_command
 from madqn.config import Config, _check_keys, load_toml, make_config
 from madqn.errors import CheckpointError, ConfigError, MadqnError, NonFiniteError
-from madqn.eval_hook import EvalHook
-from madqn.guard import NumericsGuard
+from madqn.evaluation.eval_hook import EvalHook
+from madqn.training.guard import NumericsGuard
 from madqn.evaluation import EvalResult, evaluate
-from madqn.metrics import MetricsHook
-from madqn.progress import ProgressHook
-from madqn.learner import describe_precision
-from madqn.runner import Hook, Trainer, TrainerBase, default_run_dir, resolve_device
-from madqn.tensorboard import TensorBoardHook
-from madqn.video import VideoHook
+from madqn.training.metrics import MetricsHook
+from madqn.training.progress import ProgressHook
+from madqn.core.learner import describe_precision
+from madqn.training.trainer import Hook, Trainer, TrainerBase, default_run_dir, resolve_device
+from madqn.training.tensorboard import TensorBoardHook
+from madqn.evaluation.video import VideoHook
 
 # Config keys a resumed run may change: they do not alter what was learned or how the saved state is read.
 RESUME_SAFE_KEYS = ("steps", "device", "num_threads", "prog_freq", "save_freq", "save_replay", "final_eval_episodes",
@@ -312,9 +312,10 @@ def plan_resume(env: Any, config: Config | str | Path | None, overrides: dict[st
 
 
 def build_trainer(config: Config, env: Any, hooks: list[Hook]) -> TrainerBase:
-    """The in-process trainer, or with ``backend = "ray"`` the learner fed by Ray actors (madqn.distributed)."""
+    """The in-process trainer, or with ``backend = "ray"`` the learner fed by Ray actors
+    (madqn.training.distributed)."""
     if config.backend == "ray":
-        from madqn.distributed import DistributedTrainer
+        from madqn.training.distributed import DistributedTrainer
 
         return DistributedTrainer(config, env, hooks=hooks)
     return Trainer(config, env, hooks=hooks)
@@ -402,9 +403,9 @@ def final_evaluation(trainer: Trainer, env: Any, run_dir: Path, wall_time: float
     within ``eval_steps`` agent steps and ``final_eval_budget`` seconds; the episode a budget cuts
     short is dropped), in every seat, on a fresh env (or the given env instance), with a progress
     line per episode, written to ``final_eval.csv``. Seeds differ from the training envs'."""
-    from madqn.agents import Agents
-    from madqn.metrics import CsvWriter
-    from madqn.progress import EvalProgress
+    from madqn.evaluation.agents import Agents
+    from madqn.training.metrics import CsvWriter
+    from madqn.training.progress import EvalProgress
 
     cfg = trainer.config
     if cfg.final_eval_episodes == 0:

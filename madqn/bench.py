@@ -203,7 +203,7 @@ class Section:
 # ---- env --------------------------------------------------------------------------------------------
 
 def env_section(game: str, n: int) -> Section:
-    from madqn.atari import AtariEnv
+    from madqn.envs.atari import AtariEnv
 
     env = AtariEnv(game, seed=0, max_cycles=10**9)
     env.reset()
@@ -236,7 +236,7 @@ def bench_pettingzoo_raw(game: str, n: int) -> Row:
     """Reference only: PettingZoo's own parallel env (RGB observations per agent), 4 steps per decision."""
     import pettingzoo
 
-    from madqn.atari import rom_dir
+    from madqn.envs.atari import rom_dir
 
     env = pettingzoo.make("parallel", "atari/" + "-v".join(game.rsplit("_v", 1)), max_cycles=10**9,
                           auto_rom_install_path=str(rom_dir()))
@@ -292,7 +292,7 @@ def _sync(device: str) -> Callable[[], None]:
 def _filled_trainer(sharing: str, device: str, precision: str = "fp32", n_fill: int = 2_000):
     """A Trainer on pong_v3 whose replay holds ``n_fill`` real steps (random play)."""
     from madqn.config import make_config
-    from madqn.runner import Trainer
+    from madqn.training.trainer import Trainer
 
     cfg = make_config(None, {"env": "pong_v3", "sharing": sharing, "device": device, "replay_memory": 10_000,
                              "learn_start": 10**9, "steps": 10**9, "vector_env": "inline", "seed": 0,
@@ -309,7 +309,7 @@ def bare_update(network, device, batch: int = 32, precision: str = "fp32", chann
     import torch
     import torch.nn.functional as F
 
-    from madqn.learner import cuda_fp32_precision
+    from madqn.core.learner import cuda_fp32_precision
 
     online = copy.deepcopy(network).to(device)
     target = copy.deepcopy(network).to(device)
@@ -425,7 +425,7 @@ def _threads() -> int:
 
 
 def bench_replay_bytes() -> Row:
-    from madqn.replay import ReplayMemory
+    from madqn.core.replay import ReplayMemory
 
     mem = ReplayMemory(10_000, (84, 84), 4, n_streams=2)
     per = mem.nbytes / (10_000 * 2)
@@ -447,7 +447,7 @@ EXTENSIONS = {  # row name -> config overrides (each off by default)
 
 def _extension_trainer(source, overrides: dict, device: str):
     """A Trainer with ``overrides`` whose replay holds the same entries as ``source``'s (no learning yet)."""
-    from madqn.runner import Trainer
+    from madqn.training.trainer import Trainer
 
     trainer = Trainer(source.config.replace(device=device, **overrides))
     for src, dst in zip(source.groups, trainer.groups):
@@ -498,7 +498,7 @@ def extensions_section(device: str, n: int) -> Section:
 
 
 def bench_prioritized_bytes() -> Row:
-    from madqn.replay import ReplayMemory
+    from madqn.core.replay import ReplayMemory
 
     plain = ReplayMemory(10_000, (84, 84), 4, n_streams=2)
     prio = ReplayMemory(10_000, (84, 84), 4, n_streams=2, prioritized=True)
@@ -514,7 +514,7 @@ def acting_section(n: int, num_envs: int) -> Section:
     import torch
 
     from madqn.config import make_config
-    from madqn.runner import Trainer
+    from madqn.training.trainer import Trainer
 
     trainers = {}
     for sharing in ("shared", "independent"):
@@ -557,7 +557,7 @@ E2E_VARIANTS = (("fp32", False), ("fp32", True), ("bf16", False))  # (precision,
 
 def e2e_trainer(sharing: str, device: str, overlap: bool, num_envs: int, precision: str = "fp32"):
     from madqn.config import make_config
-    from madqn.runner import Trainer
+    from madqn.training.trainer import Trainer
 
     cfg = make_config(None, {"env": "pong_v3", "sharing": sharing, "device": device, "overlap": overlap,
                              "num_envs": num_envs, "replay_memory": 20_000, "learn_start": 400,
@@ -678,8 +678,8 @@ def bench_distributed(device: str, n: int, actor_counts: tuple[int, ...] = (1, 2
     actors (one env copy each, this process learning) beside the local backend with as many env copies.
     Steps are counter steps (one per env copy step) x 2 agents, as in the end-to-end rows."""
     from madqn.config import make_config
-    from madqn.distributed import DistributedTrainer
-    from madqn.runner import Trainer
+    from madqn.training.distributed import DistributedTrainer
+    from madqn.training.trainer import Trainer
 
     rows = []
     warmup = 600
@@ -707,7 +707,7 @@ def bench_distributed(device: str, n: int, actor_counts: tuple[int, ...] = (1, 2
 def run_bench(args: argparse.Namespace) -> list[Row]:
     import torch
 
-    from madqn.runner import resolve_device
+    from madqn.training.trainer import resolve_device
 
     quick = args.quick
     repeats = 3 if quick else 5

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from madqn.acting import ActingLoop, RecordingSink
+from madqn.training.acting import ActingLoop, RecordingSink
 from madqn.config import Config
-from madqn.learners import group_members, q_network_for, replay_seeds_and_acting_rng
-from madqn.runner import Trainer
-from madqn.vecenv import make_envs
+from madqn.training.learners import group_members, q_network_for, replay_seeds_and_acting_rng
+from madqn.training.trainer import Trainer
+from madqn.envs.vecenv import make_envs
 
 ROOT = Path(__file__).resolve().parents[1]
 CATCH = f"{ROOT / 'tests' / 'tiny_catch.py'}:make"

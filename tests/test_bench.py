@@ -7,8 +7,8 @@ import pytest
 
 from madqn.bench import (NOISY_SPREAD, Timings, bounds, compared, e2e_key, e2e_rows, format_table, interleaved,
                          learner_rows, spread, update_flops, verdict)
-from madqn.learner import Learner
-from madqn.networks import DQN3ConvNet
+from madqn.core.learner import Learner
+from madqn.core.networks import DQN3ConvNet
 
 CPU = "cpu"
 

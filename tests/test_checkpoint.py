@@ -9,11 +9,11 @@ from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
 import madqn
-from madqn.atari import AtariEnv
-from madqn.checkpoint import REPLAY_KIND, restore_trainer, safe_load, truncate_csv
+from madqn.envs.atari import AtariEnv
+from madqn.training.checkpoint import REPLAY_KIND, restore_trainer, safe_load, truncate_csv
 from madqn.config import Config
 from madqn.errors import CheckpointError
-from madqn.runner import Trainer
+from madqn.training.trainer import Trainer
 
 
 def rollout(env, joint_actions):

@@ -14,12 +14,12 @@ import torch
 from pettingzoo.classic import connect_four_v3, tictactoe_v3
 from pettingzoo.utils.wrappers import BaseWrapper
 
-from madqn.actor import epsilon_greedy
+from madqn.core.actor import epsilon_greedy
 from madqn.api import final_evaluation
 from madqn.config import make_config
-from madqn.learner import q_targets
-from madqn.metrics import MetricsHook
-from madqn.runner import Hook, Trainer
+from madqn.core.learner import q_targets
+from madqn.training.metrics import MetricsHook
+from madqn.training.trainer import Hook, Trainer
 
 
 class LegalityCheck(BaseWrapper):

@@ -1,4 +1,4 @@
-"""Distributed acting (madqn.distributed): Ape-X epsilons, Ray actors feeding the DQN3.0 learner.
+"""Distributed acting (madqn.training.distributed): Ape-X epsilons, Ray actors feeding the DQN3.0 learner.
 
 The Ray tests start a real local Ray instance (2 CPUs) and play tests/tiny_catch.py (uint8 vectors).
 """
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from madqn.config import Config
-from madqn.distributed import DistributedTrainer, apex_epsilons
-from madqn.runner import Hook, Trainer
+from madqn.training.distributed import DistributedTrainer, apex_epsilons
+from madqn.training.trainer import Hook, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CATCH = f"{ROOT / 'tests' / 'tiny_catch.py'}:make"
@@ -166,7 +166,7 @@ def test_resumed_ray_run_with_saved_replay_ends_the_interrupted_episodes(tmp_pat
     interrupted episode (at the newest frame the learner received) before new frames arrive; the streams
     were left open and the next episode's frames were stacked onto the old ones."""
     from madqn.api import _restore
-    from madqn.checkpoint import atomic_save, replay_state, safe_load, trainer_state
+    from madqn.training.checkpoint import atomic_save, replay_state, safe_load, trainer_state
 
     # 30-step batches end mid-episode (episodes last 5 steps); the replay (1000 per stream) never wraps
     cfg = Config(**{**TINY, "replay_memory": 2000, "rollout_len": 30}, steps=90, actors=2, sharing="independent",

@@ -11,10 +11,10 @@ import pytest
 from pettingzoo.test import api_test, parallel_api_test
 
 import madqn
-from madqn.checkpoint import safe_load
+from madqn.training.checkpoint import safe_load
 from madqn.config import make_config
-from madqn.metrics import MetricsHook
-from madqn.runner import Trainer
+from madqn.training.metrics import MetricsHook
+from madqn.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "envs"))

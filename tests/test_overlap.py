@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from madqn.agents import Agents
+from madqn.evaluation.agents import Agents
 from madqn.config import Config, make_config
-from madqn.runner import Hook, Trainer
+from madqn.training.trainer import Hook, Trainer
 
 from test_train import SMOKE
 

@@ -1,16 +1,16 @@
-"""madqn.policy: batched acting over stacked independent networks equals per-agent forwards."""
+"""madqn.core.policy: batched acting over stacked independent networks equals per-agent forwards."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from madqn.actor import epsilon_greedy
+from madqn.core.actor import epsilon_greedy
 from madqn.config import make_config
-from madqn.learner import DQN3RMSprop
-from madqn.networks import DQN3ConvNet, MLPQNetwork
-from madqn.policy import ActingNetworks, StackedNetworks
-from madqn.runner import Trainer
+from madqn.core.learner import DQN3RMSprop
+from madqn.core.networks import DQN3ConvNet, MLPQNetwork
+from madqn.core.policy import ActingNetworks, StackedNetworks
+from madqn.training.trainer import Trainer
 
 from test_train import SMOKE
 

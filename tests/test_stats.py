@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from madqn.errors import MadqnError
-from madqn.rating import expected_score, fit_ratings
-from madqn.stats import (DRAW, LOSS, WIN, Record, mean_confidence_interval, placement, regularized_beta, side_outcome,
-                         t_cdf, t_quantile, tally)
+from madqn.evaluation.rating import expected_score, fit_ratings
+from madqn.evaluation.stats import (DRAW, LOSS, WIN, Record, mean_confidence_interval, placement, regularized_beta,
+                                    side_outcome, t_cdf, t_quantile, tally)
 
 
 # ---- Student t ----------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import madqn
-from madqn.checkpoint import safe_load
+from madqn.training.checkpoint import safe_load
 from madqn.config import make_config
-from madqn.runner import Trainer
+from madqn.training.trainer import Trainer
 from helpers import read_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""madqn.vecenv: env copies in worker processes give the transitions of the inline copies; crashes are errors."""
+"""madqn.envs.vecenv: env copies in worker processes give the transitions of the inline copies; crashes are errors."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from madqn.config import make_config
-from madqn.env import make_env
-from madqn.runner import Trainer
-from madqn.vecenv import EnvWorkerError, WorkerEnv, make_envs
+from madqn.envs.adapters import make_env
+from madqn.training.trainer import Trainer
+from madqn.envs.vecenv import EnvWorkerError, WorkerEnv, make_envs
 
 from test_train import SMOKE
 

@@ -6,7 +6,7 @@ Files in the run directory:
   mean Q(s,a), mean max Q_target(s2), epsilon, learning rate, agent steps/s).
 
 Each ``train.csv`` report is also published with ``Trainer.log_scalars`` (names in ``report``), which
-the progress display (``madqn.progress``) and TensorBoard (``madqn.tensorboard``) show.
+the progress display (``madqn.training.progress``) and TensorBoard (``madqn.training.tensorboard``) show.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import deque
 from pathlib import Path
 from typing import TextIO
 
-from madqn.runner import EpisodeRecord, Hook, Trainer
+from madqn.training.trainer import EpisodeRecord, Hook, Trainer
 
 EPISODE_FIELDS = ["step", "episode", "env", "agent", "score", "length", "truncated", "epsilon", "wall_time"]
 TRAIN_FIELDS = ["step", "learner", "updates", "abs_delta", "q_mean", "q2_max", "epsilon", "lr", "steps_per_s",

@@ -1,6 +1,6 @@
 """The learner set: every learner of a run, its replay memory and DQN3.0's learning schedule.
 
-A *group* is one learner (online/target network, optimizer: ``madqn.learner.Learner``) and the
+A *group* is one learner (online/target network, optimizer: ``madqn.core.learner.Learner``) and the
 replay memory of the agents it serves: one agent (``sharing = "independent"``) or all of them
 (``"shared"``, told which agent it plays by the agent indicator). Its replay memory holds one
 stream per (agent, env copy): ``stream(agent, copy)``, agent-major. The learner set is also the
@@ -24,10 +24,10 @@ import torch
 
 from madqn.config import Config
 from madqn.errors import CheckpointError, MadqnError
-from madqn.learner import Learner
-from madqn.networks import build_q_network
-from madqn.prioritized import annealed_beta
-from madqn.replay import ReplayMemory, available_memory, replay_nbytes, stream_capacity
+from madqn.core.learner import Learner
+from madqn.core.networks import build_q_network
+from madqn.core.prioritized import annealed_beta
+from madqn.core.replay import ReplayMemory, available_memory, replay_nbytes, stream_capacity
 
 SHARED = "shared"
 UPDATE_STAT_KEYS = ("abs_delta", "q_mean", "q2_max")  # Learner.update statistics, in this column order
@@ -164,7 +164,7 @@ class LearnerSet:
 
     def add(self, agent: str, copy: int, frame: np.ndarray, action: int, reward: float, terminal: bool,
             episode_end: bool, mask: Any = None) -> None:
-        """Store one replay entry (one frame, see madqn.replay) of ``agent`` in env copy ``copy``."""
+        """Store one replay entry (one frame, see madqn.core.replay) of ``agent`` in env copy ``copy``."""
         self.note_reward(agent, reward)
         self.store(agent, copy, frame, action, reward, terminal, episode_end, mask)
 

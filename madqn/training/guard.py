@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from madqn.errors import NonFiniteError
-from madqn.learners import SHARED, UPDATE_STAT_KEYS
-from madqn.runner import Hook, Trainer
+from madqn.training.learners import SHARED, UPDATE_STAT_KEYS
+from madqn.training.trainer import Hook, Trainer
 
 _STAT_NAMES = {"abs_delta": "the TD error (delta)", "q_mean": "the Q-values Q(s, a)",
                "q2_max": "the target Q-values max_a Q_target(s2, a)"}

@@ -8,7 +8,7 @@ the update ratio holds over any window and the replay never outruns the learner 
 ``max_lag * update_freq`` steps. Torch kernels, ALE and cv2 release the GIL, so the thread runs
 while the actor emulates and acts.
 
-The actor acts with a snapshot of the weights refreshed after every round (madqn.policy), i.e. with
+The actor acts with a snapshot of the weights refreshed after every round (madqn.core.policy), i.e. with
 weights at most ``max_lag`` rounds old; replay writes and minibatch sampling are serialised by a
 lock. Results are no longer bit-for-bit reproducible (thread timing decides which transitions a
 round sees): that is why ``overlap`` is off by default.

@@ -5,7 +5,7 @@ reward and successor, its episode score and length. The loop owns the envs, the 
 epsilon-greedy randomness; it knows no learner. What it produces goes into a *sink*:
 
 - ``sink.add(agent, copy, frame, action, reward, terminal, episode_end, mask)``: one replay entry
-  (one frame, never a stack; see madqn.replay) of ``agent`` in env copy ``copy``, in the order a
+  (one frame, never a stack; see madqn.core.replay) of ``agent`` in env copy ``copy``, in the order a
   replay stream stores them: an entry when its reward and successor are known, a final frame with
   ``episode_end`` (its action and reward ignored);
 - ``sink.episode(record)``: an :class:`EpisodeRecord` when an env copy's episode ends.
@@ -25,10 +25,10 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import torch
 
-from madqn.actor import RecentHistory, epsilon_greedy, linear_epsilon
+from madqn.core.actor import RecentHistory, epsilon_greedy, linear_epsilon
 from madqn.config import Config
-from madqn.learners import group_members
-from madqn.policy import ActingNetworks
+from madqn.training.learners import group_members
+from madqn.core.policy import ActingNetworks
 
 
 @dataclass
@@ -189,7 +189,7 @@ class ActingLoop:
         """Epsilon-greedy actions for ``slots``: the greedy rows of all agents in one batched forward.
 
         Shared network: one forward with agent ids. Independent networks of one architecture: one
-        vmapped forward over their stacked parameters (madqn.policy). Learners whose states cannot
+        vmapped forward over their stacked parameters (madqn.core.policy). Learners whose states cannot
         be stacked together (different action counts, observation shapes or dtypes) are served one
         after another.
         """

@@ -1,10 +1,11 @@
-"""The in-process trainer: an acting loop (madqn.acting) feeding a learner set (madqn.learners), with hooks.
+"""The in-process trainer: an acting loop (madqn.training.acting) feeding a learner set
+(madqn.training.learners), with hooks.
 
 Data path: env copies -> acting loop -> sink -> replay -> learner set. The :class:`Trainer` is the
 acting loop's sink (transitions into replay, episode records to the hooks) and runs the learner
 set's rounds between acting and emulating, in DQN3.0's ``perceive`` order. :class:`Hook` is how
 logging, evaluation, checkpoints and videos attach; :class:`TrainerBase` is what they see of a run,
-in-process or on Ray (madqn.distributed). Steps count agent steps (see ``madqn.config``).
+in-process or on Ray (madqn.training.distributed). Steps count agent steps (see ``madqn.config``).
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from madqn.acting import ActingLoop, EpisodeRecord  # EpisodeRecord: what Hook.on_episode receives
-from madqn.actor import linear_epsilon
+from madqn.training.acting import ActingLoop, EpisodeRecord  # EpisodeRecord: what Hook.on_episode receives
+from madqn.core.actor import linear_epsilon
 from madqn.config import Config
-from madqn.env import action_starts, is_pettingzoo_env, observation_specs
+from madqn.envs.adapters import action_starts, is_pettingzoo_env, observation_specs
 from madqn.errors import MadqnError
-from madqn.learners import Group, LearnerSet, group_members, replay_seeds_and_acting_rng
-from madqn.overlap import BackgroundLearner
-from madqn.vecenv import make_envs, use_processes
+from madqn.training.learners import Group, LearnerSet, group_members, replay_seeds_and_acting_rng
+from madqn.training.overlap import BackgroundLearner
+from madqn.envs.vecenv import make_envs, use_processes
 TORCH_DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice (physical cores), before anything changes it
 
 
@@ -68,7 +69,7 @@ class Hook:
 
 class TrainerBase:
     """What hooks and checkpoints see of a run, whatever the backend: ``config``, ``agents``, ``step``,
-    ``episodes``, ``learners`` (the :class:`~madqn.learners.LearnerSet`; ``groups`` are its groups),
+    ``episodes``, ``learners`` (the :class:`~madqn.training.learners.LearnerSet`; ``groups`` are its groups),
     ``acting`` (the acting side's state), ``epsilon()``, ``log_scalars``, ``settle()``; ``run()`` calls
     the hooks around the backend's ``_loop``."""
 
@@ -130,7 +131,7 @@ class Trainer(TrainerBase):
     """The in-process run: an acting loop over ``num_envs`` env copies whose transitions go straight into
     the learner set's replay, learning rounds in DQN3.0 ``perceive`` order, hooks; ``run()`` trains
     ``config.steps`` agent steps. With ``overlap = true`` the same learner set runs its rounds in a
-    thread (madqn.overlap)."""
+    thread (madqn.training.overlap)."""
 
     def __init__(self, config: Config, env: Any = None, hooks: Iterable[Hook] = ()):
         self.config = config
@@ -144,7 +145,7 @@ class Trainer(TrainerBase):
         if config.num_envs > 1 and is_pettingzoo_env(env_spec):
             raise MadqnError("num_envs > 1 needs an env spec or a factory (one env per copy), not an env instance")
         self.env_spec = env_spec  # what make_env built the envs from (hooks may build more copies)
-        envs = make_envs(env_spec, config)  # worker processes or inline copies (madqn.vecenv)
+        envs = make_envs(env_spec, config)  # worker processes or inline copies (madqn.envs.vecenv)
         first = envs[0]
         self.agents = list(first.possible_agents)
         self.observation_specs = observation_specs(first, config)  # raw observation -> network input (checkpoints)

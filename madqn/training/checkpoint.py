@@ -8,7 +8,7 @@ history, the transition waiting for its reward, its episode score and length. Ep
 learning rate are functions of the step (DQN3.0's schedules), so the step restores them.
 ``checkpoints/replay.pt`` (kind ``madqn-replay``, only with ``save_replay = true``) holds the replay
 memory, tagged with the step of the checkpoint it belongs to. ``madqn export`` writes kind
-``madqn-agents`` (madqn.export): only what playing needs, loaded like a checkpoint by ``madqn eval``,
+``madqn-agents`` (madqn.cli.export): only what playing needs, loaded like a checkpoint by ``madqn eval``,
 ``madqn video`` and ``madqn.load_agents`` (``PLAY_KINDS``).
 
 Writing: a temporary file in the same directory, fsync, rename, fsync of the directory; a crash or a
@@ -39,12 +39,12 @@ import numpy as np
 import torch
 
 from madqn.errors import CheckpointError
-from madqn.learners import UPDATE_STAT_KEYS
+from madqn.training.learners import UPDATE_STAT_KEYS
 
 FORMAT_VERSION = 2
 TRAINER_KIND = "madqn-trainer"
 REPLAY_KIND = "madqn-replay"
-AGENTS_KIND = "madqn-agents"  # madqn export: online networks, config, observation specs (madqn.export)
+AGENTS_KIND = "madqn-agents"  # madqn export: online networks, config, observation specs (madqn.cli.export)
 PLAY_KINDS = (TRAINER_KIND, AGENTS_KIND)  # files that can play (madqn eval, madqn video, load_agents)
 LATEST = "latest.pt"
 REPLAY = "replay.pt"

@@ -2,12 +2,12 @@
 
 Two sides, one small interface:
 
-- :class:`Actor` is an acting loop (madqn.acting, the in-process trainer's own) over ``num_envs``
-  env copies with CPU copies of the online networks, feeding a :class:`~madqn.acting.RecordingSink`.
+- :class:`Actor` is an acting loop (madqn.training.acting, the in-process trainer's own) over ``num_envs``
+  env copies with CPU copies of the online networks, feeding a :class:`~madqn.training.acting.RecordingSink`.
   ``rollout(n, step, weights)`` steps ``n`` agent steps and returns a :class:`Rollout`: the replay
   entries ``(agent, copy, frame, action, reward, terminal, episode_end, mask)`` the loop emitted
   (one uint8 frame each, never stacked) and the finished episodes.
-- :class:`DistributedTrainer` is the learner set (madqn.learners: networks, optimizers, one replay
+- :class:`DistributedTrainer` is the learner set (madqn.training.learners: networks, optimizers, one replay
   stream per (agent, actor, env copy), the learning schedule, target sync) with the usual hooks,
   fed through an :class:`ActorFeed`. It counts agent steps from the batches it RECEIVES (a batch
   lost with its actor is never counted), runs DQN3.0's learning rounds on that count
@@ -36,13 +36,13 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from madqn.acting import ActingLoop, Entry, EpisodeRecord, RecordingSink
+from madqn.training.acting import ActingLoop, Entry, EpisodeRecord, RecordingSink
 from madqn.config import Config
-from madqn.env import action_starts, observation_specs
+from madqn.envs.adapters import action_starts, observation_specs
 from madqn.errors import MadqnError
-from madqn.learners import LearnerSet, group_members, q_network_for, replay_seeds_and_acting_rng
-from madqn.runner import Hook, TrainerBase, resolve_device
-from madqn.vecenv import make_envs
+from madqn.training.learners import LearnerSet, group_members, q_network_for, replay_seeds_and_acting_rng
+from madqn.training.trainer import Hook, TrainerBase, resolve_device
+from madqn.envs.vecenv import make_envs
 
 
 def apex_epsilons(n_actors: int, eps: float = 0.4, alpha: float = 7.0) -> list[float]:
@@ -161,7 +161,7 @@ class RayPool:
             if config.ray_address:
                 ray.init(address=config.ray_address, log_to_driver=False)
             else:  # a local instance; workers import this checkout of madqn
-                root = str(Path(__file__).resolve().parents[1])
+                root = str(Path(__file__).resolve().parents[2])
                 path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
                 ray.init(num_cpus=max(config.actors, os.cpu_count() or 1), include_dashboard=False,
                          log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
@@ -340,7 +340,7 @@ class DistributedTrainer(TrainerBase):
         if isinstance(self.pool, InlinePool):
             acting = self.pool.actors[0].acting
             return acting.envs[0], any("action_mask" in info for infos in acting.infos for info in infos.values())
-        from madqn.env import make_env
+        from madqn.envs.adapters import make_env
 
         env = make_env(self.env_spec, self.config, seed=self.config.seed)
         _, infos = env.reset()
