@@ -2,14 +2,14 @@
 
 Two sides, one small interface:
 
-- :class:`Actor` is an acting loop (madqn.training.acting, the in-process trainer's own) over ``num_envs``
-  env copies with CPU copies of the online networks, feeding a :class:`~madqn.training.acting.RecordingSink`.
+- :class:`Actor` is an acting loop (madqn.training.acting, the in-process trainer's own) over
+  ``num_envs`` env copies with CPU copies of the online networks, feeding a ``RecordingSink``.
   ``rollout(n, step, weights)`` steps ``n`` agent steps and returns a :class:`Rollout`: the replay
   entries ``(agent, copy, frame, action, reward, terminal, episode_end, mask)`` the loop emitted
   (one uint8 frame each, never stacked) and the finished episodes.
-- :class:`DistributedTrainer` is the learner set (madqn.training.learners: networks, optimizers, one replay
-  stream per (agent, actor, env copy), the learning schedule, target sync) with the usual hooks,
-  fed through an :class:`ActorFeed`. It counts agent steps from the batches it RECEIVES (a batch
+- :class:`DistributedTrainer` is the learner set (madqn.training.learners: networks, optimizers, one
+  replay stream per (agent, actor, env copy), the learning schedule, target sync) with the usual
+  hooks, fed through an :class:`ActorFeed`. It counts agent steps from the batches it RECEIVES (a batch
   lost with its actor is never counted), runs DQN3.0's learning rounds on that count
   (``update_ratio = "fixed"``) and publishes the online weights every ``sync_every`` rounds.
 
