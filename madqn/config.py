@@ -3,7 +3,9 @@
 Counters count **agent steps**: one decision of one agent seat (= 4 emulator frames at
 ``action_repeat`` 4). In a parallel game every live agent acts once per environment step, so one
 environment step advances the counter by one; with ``num_envs`` copies a vector step advances it by
-``num_envs``. In a turn-based (AEC) game one environment step is one agent's move.
+``num_envs``. In a turn-based (AEC) game one round of turns (every live seat moves once) is one
+agent step, so each seat's ``learn_start``, ``update_freq``, ``ep_endt`` and ``target_q`` mean what
+they mean in a parallel game.
 
 Configs are TOML files (``configs/*.toml``) holding any subset of the fields; ``key=value``
 overrides are parsed as TOML values. Unknown keys and bad values raise :class:`ConfigError` naming
@@ -81,7 +83,7 @@ class Config:
 
     # --- DQN3.0 agent (NeuralQLearner) -------------------------------------------------------
     hist_len: int = _f(4, "frames stacked into one state [frames]", min=1)
-    replay_memory: int = _f(1_000_000, "replay capacity per agent (and per env copy) [transitions]", min=1)
+    replay_memory: int = _f(1_000_000, "replay capacity per agent, split over its env copies (num_envs x actors) [transitions]", min=1)
     learn_start: int = _f(50_000, "no learning until this many agent steps [agent steps]", min=0)
     update_freq: int = _f(4, "a learning round every update_freq agent steps [agent steps]", min=1)
     n_replay: int = _f(1, "minibatch updates per learning round", min=1)

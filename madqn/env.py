@@ -359,6 +359,8 @@ class Adapter:
 class ParallelAdapter(Adapter):
     """A PettingZoo ``ParallelEnv``: every live agent acts each step; agents may finish early or join late."""
 
+    turn_based = False
+
     def reset(self, seed: int | None = None):
         obs, infos = self.env.reset(seed=self._first_seed(seed))
         return self._observe_all(obs, infos)
@@ -390,6 +392,8 @@ class AECAdapter(Adapter):
     removed with PettingZoo's ``step(None)``. An agent's reward is ``last()``'s, read when the env
     selects it: everything it received since its previous move (PettingZoo's cumulative reward).
     """
+
+    turn_based = True  # one agent moves per step: the trainer's counter counts rounds of turns
 
     def reset(self, seed: int | None = None):
         self.env.reset(seed=self._first_seed(seed))

@@ -126,7 +126,8 @@ class DQN3ConvNet(nn.Module):
 class MLPQNetwork(nn.Module):
     """ReLU MLP on the flattened (B, hist_len, obs_dim) history, one-hot agent id appended.
 
-    Inputs are cast to float32 and NOT rescaled (vector observations are used as given).
+    Inputs are cast to the parameters' dtype (bf16 inside a bf16 autocast region) and NOT rescaled
+    (vector observations are used as given).
     ``dueling=True``: the last hidden layer becomes two streams of its width, V and A
     (:class:`DuelingHead`), on the output of the layers before it (the input when there is one
     hidden layer).
@@ -167,7 +168,7 @@ class MLPQNetwork(nn.Module):
 
     def forward(self, obs: Tensor, agent_ids: Tensor | None = None) -> Tensor:
         batch = obs.shape[0]
-        x = obs.reshape(batch, -1).to(torch.float32)
+        x = obs.reshape(batch, -1).to(compute_dtype(next(self.parameters())))  # as DQN3ConvNet: params' or autocast's
         if x.shape[1] != self.hist_len * self.obs_dim:
             raise ValueError(
                 f"observations must hold hist_len*obs_dim = {self.hist_len}*{self.obs_dim} values per row, "

@@ -35,6 +35,45 @@ from madqn.prioritized import SumTree, importance_weights, priorities
 _MAX_DRAW_ROUNDS = 64
 
 
+def stream_capacity(replay_memory: int, copies: int) -> int:
+    """Entries per replay stream when one agent's budget of ``replay_memory`` transitions is split over
+    its ``copies`` streams (env copies x actors): DQN3.0's replay window whatever the parallelism.
+    The ``replay_memory % copies`` entries left over are not allocated."""
+    return int(replay_memory) // int(copies)
+
+
+def replay_nbytes(capacity: int, n_streams: int, frame_shape: tuple[int, ...], frame_dtype=np.uint8, *,
+                  n_actions: int | None = None, store_action_masks: bool = False, prioritized: bool = False) -> int:
+    """Bytes a :class:`ReplayMemory` with these arguments holds once full (its ``nbytes``), computed
+    before anything is allocated: frames, actions, rewards, terminal and episode-end flags, write
+    counters, legal-action masks if stored, the priority sum-tree if prioritized."""
+    entries = int(n_streams) * int(capacity)
+    per_entry = int(np.prod(frame_shape, dtype=np.int64)) * np.dtype(frame_dtype).itemsize \
+        + np.dtype(np.int32).itemsize + np.dtype(np.float32).itemsize + 2 * np.dtype(bool).itemsize
+    if store_action_masks:
+        per_entry += int(n_actions) * np.dtype(bool).itemsize
+    total = entries * per_entry + int(n_streams) * np.dtype(np.int64).itemsize
+    if prioritized:
+        total += 2 * (1 << (entries - 1).bit_length()) * np.dtype(np.float32).itemsize  # SumTree nodes
+    return total
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable, else psutil), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)
+
+
 @dataclass
 class Batch:
     """A minibatch of transitions; B = batch size, stacks are (B, hist_len, *frame_shape).
@@ -144,6 +183,7 @@ class ReplayMemory:
         self.priority_eps = float(priority_eps)
         self.tree = SumTree(self.n_streams * self.capacity) if prioritized else None
         self.max_priority = 1.0  # the largest |clipped delta| + eps so far: what new transitions get
+        self._sampleable = False  # some stored transition is valid (see can_sample)
 
     # ------------------------------------------------------------------ writing
 
@@ -240,6 +280,13 @@ class ReplayMemory:
     def num_valid(self) -> int:
         """Number of sampleable (stream, j) pairs. O(len(self))."""
         return len(self.valid_indices()[0])
+
+    def can_sample(self) -> bool:
+        """Whether ``sample`` can draw a minibatch: some stored transition is valid. Counted while false
+        (early on, while the table is small), then remembered: a filled table keeps valid transitions."""
+        if not self._sampleable:
+            self._sampleable = self.num_valid() > 0
+        return self._sampleable
 
     def sample(self, batch_size: int, rng: np.random.Generator | None = None, *, beta: float = 1.0,
                dqn3: bool = False) -> Batch:

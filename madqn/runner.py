@@ -28,7 +28,7 @@ from madqn.networks import build_q_network
 from madqn.overlap import BackgroundLearner
 from madqn.policy import ActingNetworks
 from madqn.prioritized import annealed_beta
-from madqn.replay import ReplayMemory
+from madqn.replay import ReplayMemory, available_memory, replay_nbytes, stream_capacity
 from madqn.vecenv import make_envs, use_processes
 
 SHARED = "shared"
@@ -119,6 +119,12 @@ def learning_rounds(prev: int, step: int, learn_from: int, update_freq: int) -> 
     return step // update_freq - max(prev, learn_from) // update_freq
 
 
+def starts_round(moves: int, all_moves: list[int]) -> bool:
+    """Turn-based envs: a seat that has made ``moves`` moves this episode starts a new round of turns by
+    moving now when no seat has moved more often (``all_moves``: every seat's count, its own included)."""
+    return moves >= max(all_moves)
+
+
 def clip_reward(r: float, lo: float, hi: float) -> float:
     return min(max(float(r), lo), hi)
 
@@ -140,6 +146,7 @@ class Trainer:
             raise MadqnError("num_envs > 1 needs an env spec or a factory (one env per copy), not an env instance")
         self.env_spec = env_spec  # what make_env built the envs from (hooks may build more copies)
         self.envs = make_envs(env_spec, config)  # worker processes or inline copies (madqn.vecenv)
+        self.turn_based = [bool(getattr(env, "turn_based", False)) for env in self.envs]  # AEC: counter counts rounds
         first = self.envs[0]
         self.agents = list(first.possible_agents)
         self.observation_specs = observation_specs(first, config)  # raw observation -> network input (checkpoints)
@@ -177,6 +184,7 @@ class Trainer:
             members = [(SHARED, self.agents)]
         else:
             members = [(a, [a]) for a in self.agents]
+        capacity = replay_capacity(c, env, [agents for _, agents in members], self.has_masks)
         groups = []
         for name, agents in members:
             obs_space = env.observation_space(agents[0])
@@ -189,7 +197,7 @@ class Trainer:
                               weight_cost=c.wc, device=self.device, decay=c.rmsprop_decay, eps=c.rmsprop_eps,
                               use_target=c.target_q > 0, optimizer=c.optimizer, adam_eps=c.adam_eps,
                               double=c.double, precision=c.precision)
-            replay = ReplayMemory(c.replay_memory, tuple(obs_space.shape), c.hist_len,
+            replay = ReplayMemory(capacity, tuple(obs_space.shape), c.hist_len,
                                   n_streams=len(agents) * c.num_envs, frame_dtype=obs_space.dtype,
                                   n_actions=n_actions, store_action_masks=self.has_masks,
                                   seed=int(self.rng.integers(2**31)), n_step=c.n_step, discount=c.discount,
@@ -247,7 +255,7 @@ class Trainer:
         for i in stepping:
             if hasattr(self.envs[i], "step_async"):
                 self.envs[i].step_async(per_env[i])
-        prev, step = self.step, self.step + len(self.envs)
+        prev, step = self.step, self.step + sum(self._agent_steps(i, per_env[i]) for i in range(len(self.envs)))
         # learn_from: learn_start, or later after a resume without replay
         n_updates = learning_rounds(prev, step, self.learn_from, c.update_freq) * c.n_replay
         sync_target = c.target_q > 0 and step // c.target_q > prev // c.target_q
@@ -264,6 +272,14 @@ class Trainer:
                 self._step_env(i, per_env[i])
         self.step = step
 
+    def _agent_steps(self, i: int, actions: dict[str, int]) -> int:
+        """What this step of env copy ``i`` adds to the counter (madqn.config): 1 in a parallel env; in a
+        turn-based env 1 when the move starts a round of turns, so that a full round counts as one step."""
+        if not self.turn_based[i]:
+            return 1
+        moves = [self.slots[(i, a)].length for a in self.agents]
+        return int(any(starts_round(self.slots[(i, a)].length, moves) for a in actions))
+
     def _hooks_due(self, prev: int) -> bool:
         """Whether this step crossed a multiple of prog_freq, save_freq or eval_freq (where hooks act)."""
         c = self.config
@@ -279,16 +295,18 @@ class Trainer:
         """Epsilon-greedy actions for ``slots``: the greedy rows of all agents in one batched forward.
 
         Shared network: one forward with agent ids. Independent networks of one architecture: one
-        vmapped forward over their stacked parameters (madqn.policy). Learners with different
-        action counts are served one after another.
+        vmapped forward over their stacked parameters (madqn.policy). Learners whose states cannot
+        be stacked together (different action counts, observation shapes or dtypes) are served one
+        after another.
         """
         actions = np.zeros(len(slots), dtype=np.int64)
         if not slots:
             return actions
         groups = np.array([self.group_index[s.agent] for s in slots], dtype=np.int64)
         ids = np.array([s.agent_id for s in slots], dtype=np.int64)
-        n_actions = sorted({g.n_actions for g in self.groups})
-        parts = [np.arange(len(slots))] if len(n_actions) == 1 else \
+        kinds = {(self.group_of[s.agent].n_actions, s.history.frames.shape, s.history.frames.dtype)
+                 for s in self.slots.values()}
+        parts = [np.arange(len(slots))] if len(kinds) == 1 else \
             [np.flatnonzero(groups == k) for k in range(len(self.groups))]
         for rows in parts:
             if not len(rows):
@@ -381,14 +399,18 @@ class Trainer:
         self.infos[i] = infos
 
     def learn(self, step: int | None = None, replay_lock: Any = None) -> None:
-        """One minibatch update of every learner (``step``: the agent step for the lr schedule;
-        ``replay_lock``: held while sampling, in overlap mode)."""
+        """One minibatch update of every learner whose replay can give one (``step``: the agent step for
+        the lr schedule; ``replay_lock``: held while sampling, in overlap mode). With a small
+        ``learn_start`` the first rounds find no complete transition yet and wait, as DQN3.0 learns
+        only from a table that can be sampled."""
         c = self.config
         step = self.step if step is None else step
         beta = annealed_beta(step, beta_start=c.priority_beta, learn_start=c.learn_start,
                              anneal_steps=c.priority_beta_endt or c.steps - c.learn_start)
         for g in self.groups:
             with replay_lock if replay_lock is not None else nullcontext():
+                if not g.replay.can_sample():
+                    continue
                 batch = g.replay.sample(c.minibatch_size, beta=beta)
             to = self._to_device
             states, next_states = self._state_stacks(batch)
@@ -439,6 +461,27 @@ class Trainer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def replay_capacity(config: Config, env: Any, members: list[list[str]], masks: bool) -> int:
+    """Entries per replay stream: each agent's ``replay_memory`` split over its ``num_envs`` env copies
+    (the Ray learner's num_envs counts every actor's copies). Refuses, before anything is allocated,
+    a split too small to sample from and replays (one per learner serving ``members``) that once
+    full would not fit in the memory available now: they fill lazily, so the run would die hours in."""
+    c = config
+    capacity = stream_capacity(c.replay_memory, c.num_envs)
+    if capacity < c.hist_len + c.minibatch_size:
+        raise MadqnError(f"replay_memory = {c.replay_memory} split over {c.num_envs} env copies leaves {capacity} "
+                         f"entries per copy; each needs at least hist_len + minibatch_size "
+                         f"({c.hist_len + c.minibatch_size}): raise replay_memory")
+    need = sum(replay_nbytes(capacity, len(agents) * c.num_envs, env.observation_space(agents[0]).shape,
+                             env.observation_space(agents[0]).dtype, n_actions=int(env.action_space(agents[0]).n),
+                             store_action_masks=masks, prioritized=c.prioritized) for agents in members)
+    available = available_memory()
+    if available is not None and need > available:
+        raise MadqnError(f"the replay memory needs {need / 1e9:.2f} GB when full, but only {available / 1e9:.2f} GB "
+                         f"of memory is available: lower replay_memory (now {c.replay_memory} transitions per agent)")
+    return capacity
 
 
 def check_shared_spaces(env: Any) -> None:

@@ -84,7 +84,7 @@ def _worker(conn: Any, spec: str, config_dict: dict[str, Any], seed: int) -> Non
         env = make_env(spec, Config(**config_dict), seed=seed)
         agents = list(env.possible_agents)
         conn.send(("ok", (agents, {a: env.observation_space(a) for a in agents},
-                          {a: env.action_space(a) for a in agents})))
+                          {a: env.action_space(a) for a in agents}, bool(getattr(env, "turn_based", False)))))
         while True:
             command, payload = conn.recv()
             if command == "step":
@@ -126,7 +126,7 @@ class WorkerEnv:
 
     def wait_ready(self) -> None:
         if not self._ready:
-            self._possible_agents, self._obs_spaces, self._act_spaces = self._receive("start")
+            self._possible_agents, self._obs_spaces, self._act_spaces, self._turn_based = self._receive("start")
             self._ready = True
 
     # -- MultiAgentEnv -------------------------------------------------------------------------
@@ -134,6 +134,11 @@ class WorkerEnv:
     def possible_agents(self) -> list[str]:
         self.wait_ready()
         return self._possible_agents
+
+    @property
+    def turn_based(self) -> bool:
+        self.wait_ready()
+        return self._turn_based
 
     def observation_space(self, agent: str) -> Any:
         self.wait_ready()

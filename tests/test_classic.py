@@ -19,7 +19,7 @@ from madqn.api import final_evaluation
 from madqn.config import make_config
 from madqn.learner import q_targets
 from madqn.metrics import MetricsHook
-from madqn.runner import Trainer
+from madqn.runner import Hook, Trainer
 
 
 class LegalityCheck(BaseWrapper):
@@ -52,11 +52,12 @@ def connect_four_legal(obs_BD):
 GAMES = {"tictactoe": (tictactoe_v3.env, tictactoe_legal, 9), "connect_four": (connect_four_v3.env, connect_four_legal, 7)}
 
 
-def train(game, tmp_path, sharing="shared", steps=1_500):
+def train(game, tmp_path, sharing="shared", steps=750):
+    """``steps`` rounds of turns (about 2 * steps moves); each seat moves about learn_start times before learning."""
     make, _, _ = GAMES[game]
     log = []
     cfg = make_config(None, {"sharing": sharing, "steps": steps, "hist_len": 1, "mlp_hidden": [32], "replay_memory": 5_000,
-                             "learn_start": 200, "update_freq": 2, "target_q": 200, "ep_endt": 800, "ep_end": 0.1,
+                             "learn_start": 100, "update_freq": 1, "target_q": 100, "ep_endt": 400, "ep_end": 0.1,
                              "prog_freq": 500, "save_freq": 10_000, "valid_size": 0, "device": "cpu",
                              "final_eval_episodes": 5, "num_threads": 1})
     trainer = Trainer(cfg, lambda: LegalityCheck(make(), log), hooks=[MetricsHook(tmp_path)])
@@ -70,17 +71,19 @@ def test_no_illegal_action_is_ever_taken(game, tmp_path):
     training_moves = len(log)
     evaluation = final_evaluation(trainer, lambda: LegalityCheck(GAMES[game][0](), log), tmp_path)
     trainer.close()
-    assert training_moves == trainer.step == 1_500
+    first_seat = trainer.agents[0]  # opens every game: one move per round of turns
+    assert sum(agent == first_seat for agent, *_ in log[:training_moves]) == trainer.step == 750
+    assert 750 < training_moves <= 1_500
     assert len(log) - training_moves == sum(evaluation.steps) > 0
     assert all(legal for _, _, legal, _ in log), [entry for entry in log if not entry[2]][:5]
     # the check can fail: over a hundred positions had illegal moves to avoid
     assert sum(n < GAMES[game][2] for *_, n in log) > 100
-    assert all(g.updates == (1_500 - 200) // 2 for g in trainer.groups)
+    assert all(g.updates == 750 - 100 for g in trainer.groups)
 
 
 @pytest.mark.parametrize("game", list(GAMES))
 def test_targets_never_bootstrap_from_illegal_actions(game, tmp_path):
-    trainer, _ = train(game, tmp_path, steps=800)
+    trainer, _ = train(game, tmp_path, steps=400)
     _, legal_fn, n_actions = GAMES[game]
     g = trainer.groups[0]
     batch = g.replay.sample(512)
@@ -133,7 +136,7 @@ def test_epsilon_greedy_never_picks_an_illegal_action():
 def test_turn_based_rewards_reach_the_agent_that_moved_before(tmp_path):
     """Each stream's rewards per episode sum to that player's score: the loser's last transition
     carries the -1 that arrived on the winner's move."""
-    trainer, _ = train("tictactoe", tmp_path, steps=600)
+    trainer, _ = train("tictactoe", tmp_path, steps=300)
     with open(tmp_path / "episodes.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     g = trainer.groups[0]
@@ -151,3 +154,45 @@ def test_turn_based_rewards_reach_the_agent_that_moved_before(tmp_path):
             outcomes.append(score)
     assert -1.0 in outcomes and 1.0 in outcomes
     trainer.close()
+
+
+def test_turn_based_counter_counts_rounds_of_turns(tmp_path):
+    """One agent step = one round of turns (each live seat moves once), as one parallel env step: in
+    tictactoe player_1 opens every game and the seats alternate, so the counter equals player_1's moves,
+    player_2 has made one move fewer at most per unfinished round, and learn_start, update_freq and
+    ep_endt count each seat's own moves, as in a parallel game."""
+    log = []
+    cfg = make_config(None, {"sharing": "independent", "steps": 300, "hist_len": 1, "mlp_hidden": [16],
+                             "replay_memory": 2_000, "learn_start": 100, "update_freq": 1, "target_q": 50,
+                             "ep_endt": 100, "ep_end": 0.1, "prog_freq": 1_000, "save_freq": 10_000,
+                             "valid_size": 0, "device": "cpu", "final_eval_episodes": 0, "num_threads": 1})
+    episodes = []
+
+    class Episodes(Hook):
+        def on_episode(self, trainer, record):
+            episodes.append(record)
+
+    trainer = Trainer(cfg, lambda: LegalityCheck(tictactoe_v3.env(), log), hooks=[Episodes()])
+    trainer.run()
+    trainer.close()
+    moves = {a: sum(agent == a for agent, *_ in log) for a in ("player_1", "player_2")}
+    assert trainer.step == moves["player_1"] == 300
+    assert 300 - len(episodes) - 1 <= moves["player_2"] <= 300 and len(log) > 500
+    assert all(r.lengths["player_1"] - r.lengths["player_2"] in (0, 1) for r in episodes)
+    assert all(g.updates == 300 - 100 for g in trainer.groups)  # a round per agent step after learn_start
+    assert trainer.epsilon() == pytest.approx(0.1)
+
+
+def test_worker_process_envs_count_rounds_too():
+    """Env copies in worker processes report that they are turn-based: over 30 vector steps (60 moves)
+    the counter advances exactly on player_1's moves (player_1 opens every tictactoe game)."""
+    cfg = make_config(None, {"env": "pettingzoo.classic.tictactoe_v3:env", "num_envs": 2, "vector_env": "process",
+                             "steps": 1_000, "hist_len": 1, "mlp_hidden": [8], "replay_memory": 1_000,
+                             "learn_start": 1_000, "device": "cpu", "num_threads": 1})
+    with Trainer(cfg) as trainer:
+        assert trainer.turn_based == [True, True]
+        openings = 0
+        for _ in range(30):
+            openings += sum("player_1" in obs for obs in trainer.observations)
+            trainer.env_step()
+        assert trainer.step == openings and 30 <= openings < 60

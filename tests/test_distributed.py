@@ -108,8 +108,9 @@ class CountingTrainer(DistributedTrainer):
 
 
 def test_killed_ray_actor_is_replaced_and_nothing_is_counted_twice(capfd):
-    # replay large enough not to wrap; 30-step batches end mid-episode (episodes last 4 steps)
-    cfg = Config(**{**TINY, "replay_memory": 2000, "rollout_len": 30}, steps=1200, actors=2, backend="ray",
+    # replay large enough not to wrap (each of the 2 actors' streams holds 1200 entries, all the steps of the
+    # run, whichever actor makes them); 30-step batches end mid-episode (episodes last 4 steps)
+    cfg = Config(**{**TINY, "replay_memory": 2400, "rollout_len": 30}, steps=1200, actors=2, backend="ray",
                  sharing="shared")
     killer = KillActorOnce(at=400)
     trainer = CountingTrainer(cfg, hooks=[killer])
@@ -158,3 +159,14 @@ def test_cli_ray_backend_trains_and_writes_the_local_run_directory(tmp_path, mad
     config = (runs["ray"] / "config.toml").read_text()
     assert 'backend = "ray"' in config and "actors = 2" in config
     assert not ray_processes()
+
+
+def test_replay_memory_is_split_over_all_actors_copies():
+    """2 actors x 2 env copies: replay_memory = 500 gives each of an agent's 4 streams 125 entries."""
+    cfg = Config(**{**TINY, "num_envs": 2, "vector_env": "inline"}, steps=64, actors=2, sharing="independent")
+    trainer = DistributedTrainer(cfg, pool="inline")
+    try:
+        for g in trainer.groups:
+            assert (g.replay.n_streams, g.replay.capacity) == (4, 125)
+    finally:
+        trainer.close()

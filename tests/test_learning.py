@@ -82,10 +82,16 @@ def check_gridrace(result, factory):
         assert trained[agent] >= 0.4 and trained[agent] - baseline[agent] >= 0.75, (trained, baseline)
 
 
+# The AEC version's 3 seats take turns, one round of turns per agent step: a third of the parallel run's
+# agent steps is as many moves, and 3 updates per round one update per move.
+AEC_GRIDRACE = dict(steps=7_000, learn_start=170, target_q=170, ep_endt=1_700, n_replay=3)
+
+
 def test_mlp_learns_gridrace_turn_by_turn(tmp_path):
     """Default suite: the AEC version (agents finish at different times, one joins late), ~20 s of CPU."""
     factory = madqn.env.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_aec_env")
-    check_gridrace(madqn.train(factory, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run"), factory)
+    check_gridrace(madqn.train(factory, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run",
+                               **AEC_GRIDRACE), factory)
 
 
 @pytest.mark.slow
@@ -195,7 +201,7 @@ def test_conv_stack_learns_catch_from_rgb_images_bf16(tmp_path):
 def test_mlp_learns_gridrace_turn_by_turn_bf16(tmp_path):
     factory = madqn.env.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_aec_env")
     check_gridrace(madqn.train(factory, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run",
-                               precision="bf16"), factory)
+                               precision="bf16", **AEC_GRIDRACE), factory)
 
 
 @pytest.mark.slow

@@ -141,3 +141,20 @@ def test_build_q_network_dispatch():
 def test_build_q_network_errors(shape, kind, match):
     with pytest.raises(ValueError, match=match):
         build_q_network(shape, n_actions=3, hist_len=4, kind=kind)
+
+
+def test_mlp_computes_in_its_parameters_dtype():
+    """A float64 MLP keeps float64 inputs exact (no cast to float32), like DQN3ConvNet; uint8 inputs
+    become the parameters' dtype; under bf16 autocast the layers compute in bf16."""
+    torch.manual_seed(0)
+    net = MLPQNetwork(obs_dim=2, n_actions=2, hidden=(4,)).double()
+    obs = torch.tensor([[[1.0 + 1e-12, 3.0]], [[-2.0, 0.5]]], dtype=torch.float64)  # 1 + 1e-12 is 1.0 in float32
+    w = {k: v for k, v in net.state_dict().items()}
+    x = obs.reshape(2, -1)
+    expected = torch.relu(x @ w["layers.0.weight"].T + w["layers.0.bias"]) @ w["layers.2.weight"].T + w["layers.2.bias"]
+    q = net(obs)
+    assert q.dtype == torch.float64
+    torch.testing.assert_close(q, expected, rtol=0, atol=1e-15)
+    assert net(torch.tensor([[[7, 9]]], dtype=torch.uint8)).dtype == torch.float64
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert MLPQNetwork(obs_dim=2, n_actions=2, hidden=(4,))(obs.float()).dtype == torch.bfloat16

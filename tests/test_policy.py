@@ -110,3 +110,24 @@ def test_trainer_independent_acting_uses_one_stacked_forward():
             expected = [int(trainer.group_of[s.agent].learner.online_network(
                 torch.from_numpy(s.history.state()[None]))[0].argmax()) for s in slots]
         assert actions.tolist() == expected
+
+
+def test_independent_agents_with_different_observation_shapes_act_greedily_together():
+    """Equal action counts, different observation shapes: the greedy rows of the two agents cannot be
+    stacked into one array, so each network is evaluated on its own rows (was a ValueError from np.stack)."""
+    from tiny_catch import make_heterogeneous
+
+    cfg = make_config(None, {"sharing": "independent", "steps": 300, "hist_len": 2, "mlp_hidden": [16],
+                             "replay_memory": 1_000, "learn_start": 100, "ep_endt": 100, "ep_end": 0.0,
+                             "update_freq": 4, "target_q": 50, "prog_freq": 1_000, "save_freq": 10_000,
+                             "valid_size": 0, "device": "cpu", "seed": 2})
+    with Trainer(cfg, make_heterogeneous) as trainer:
+        assert [trainer.slots[(0, a)].history.state().shape for a in ("left", "right")] == [(2, 25), (2, 26)]
+        trainer.run()  # from step 200 on epsilon is 0: both agents act greedily in every step
+        assert trainer.step == 300 and all(g.updates > 0 for g in trainer.groups)
+        slots = [trainer.slots[(0, a)] for a in ("left", "right")]
+        actions = trainer.act(slots, epsilon=0.0)
+        with torch.no_grad():
+            expected = [int(trainer.group_of[s.agent].learner.online_network(
+                torch.from_numpy(s.history.state()[None]))[0].argmax()) for s in slots]
+        assert actions.tolist() == expected

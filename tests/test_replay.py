@@ -370,3 +370,34 @@ def test_allocated_bytes_match_formula():
     assert mem.nbytes == formula
     assert formula <= allocated <= formula + 16_384  # + the object, its rng and small bookkeeping
     assert formula / (2 * 20_000) <= 7.2e3
+
+
+@pytest.mark.parametrize("masks, prioritized, frame_shape, dtype", [
+    (False, False, (5, 4), np.uint8), (True, False, (3,), np.float32), (True, True, (6, 6), np.uint8)])
+def test_replay_nbytes_equals_the_arrays_of_a_full_memory(masks, prioritized, frame_shape, dtype):
+    """The byte estimate made before allocating equals what a full memory really holds, counted here
+    array by array (every entry of every stream written, the write counters, masks, the sum-tree)."""
+    from madqn.replay import replay_nbytes
+
+    mem = ReplayMemory(7, frame_shape, 2, n_streams=3, frame_dtype=dtype, n_actions=4,
+                       store_action_masks=masks, prioritized=prioritized)
+    for stream in range(3):
+        for k in range(9):  # past the wrap-around
+            mem.add(stream, np.full(frame_shape, k, dtype), k % 4, 0.5, False, k % 4 == 3,
+                    **({"action_mask": np.ones(4, bool)} if masks else {}))
+    arrays = [mem.frames, mem.actions, mem.rewards, mem.terminal, mem.episode_end, mem.written]
+    arrays += [mem.action_masks] if masks else []
+    arrays += [mem.tree.nodes] if prioritized else []
+    held = sum(a.nbytes for a in arrays)
+    per_entry = int(np.prod(frame_shape)) * np.dtype(dtype).itemsize + 4 + 4 + 1 + 1 + (4 if masks else 0)
+    tree = 2 * 32 * 4 if prioritized else 0  # 21 leaves -> 32 -> 64 float32 nodes
+    assert held == 3 * 7 * per_entry + 3 * 8 + tree
+    assert replay_nbytes(7, 3, frame_shape, dtype, n_actions=4, store_action_masks=masks,
+                         prioritized=prioritized) == held
+
+
+def test_stream_capacity_splits_an_agents_budget():
+    from madqn.replay import stream_capacity
+
+    assert [stream_capacity(1_000_000, n) for n in (1, 8, 16)] == [1_000_000, 125_000, 62_500]
+    assert stream_capacity(1_000, 3) == 333  # the remainder (1 entry) is not allocated

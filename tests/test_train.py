@@ -102,3 +102,53 @@ def test_cli_train_single_agent_gymnasium_pong(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1 and "did you mean 'ALE/Pong-v5'" in proc.stderr
+
+
+def test_learn_start_zero_waits_for_a_sampleable_replay():
+    """learn_start = 0, update_freq = 1: the first steps have no complete transition yet; their learning
+    rounds are skipped (DQN3.0 learns only once the table can give a minibatch) instead of raising
+    'cannot sample from an empty replay memory'. The first update happens at the first round after a
+    transition (s, a, r, s2) is stored: step 2 stores it (after step 2's learning round), so step 3."""
+    cfg = make_config(None, {"env": str(ROOT / "tests" / "tiny_catch.py") + ":make", "steps": 3, "hist_len": 1,
+                             "mlp_hidden": [8], "replay_memory": 100, "learn_start": 0, "update_freq": 1,
+                             "minibatch_size": 4, "target_q": 0, "prog_freq": 100, "valid_size": 0,
+                             "device": "cpu", "sharing": "shared"})
+    with Trainer(cfg) as trainer:
+        updates = []
+        for _ in range(3):
+            trainer.env_step()
+            updates.append(trainer.groups[0].updates)
+        assert updates == [0, 0, 1]
+
+
+def test_replay_memory_is_an_agents_budget_over_its_env_copies():
+    """replay_memory = 600 with num_envs = 3: each of an agent's 3 streams holds 200 entries, 600 in all
+    (DQN3.0's replay window, not 3x it); with a shared network the learner's memory holds 2 agents' budgets."""
+    for sharing, n_agents_per_group in (("independent", 1), ("shared", 2)):
+        cfg = make_config(None, {"env": str(ROOT / "tests" / "tiny_catch.py") + ":make", "num_envs": 3,
+                                 "vector_env": "inline", "replay_memory": 600, "hist_len": 2, "mlp_hidden": [8],
+                                 "device": "cpu", "sharing": sharing})
+        with Trainer(cfg) as trainer:
+            for g in trainer.groups:
+                assert g.replay.n_streams == 3 * n_agents_per_group
+                assert g.replay.capacity * g.replay.n_streams == 600 * n_agents_per_group
+
+
+def test_cli_refuses_a_replay_that_does_not_fit_in_memory(madqn_cli, tmp_path):
+    """10**13 transitions of 25 float32 values do not fit: one line with both figures and the key, exit 2."""
+    cmd, env = madqn_cli("train", "--env", str(ROOT / "tests" / "tiny_catch.py") + ":make", "--set",
+                         "replay_memory=10000000000000", "--run-dir", tmp_path / "run")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("madqn: error: the replay memory needs ")
+    assert "GB when full, but only " in lines[0] and "lower replay_memory (now 10000000000000" in lines[0]
+
+
+def test_replay_split_too_small_to_sample_is_refused():
+    cfg = make_config(None, {"env": str(ROOT / "tests" / "tiny_catch.py") + ":make", "num_envs": 4,
+                             "vector_env": "inline", "replay_memory": 100, "device": "cpu"})
+    with pytest.raises(madqn.MadqnError, match=r"replay_memory = 100 split over 4 env copies leaves 25 entries per "
+                                               r"copy; each needs at least hist_len \+ minibatch_size \(36\)"):
+        Trainer(cfg)

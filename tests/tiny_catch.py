@@ -62,3 +62,21 @@ class TinyCatch(ParallelEnv):
 
 def make():
     return TinyCatch()
+
+
+class HeterogeneousCatch(TinyCatch):
+    """TinyCatch where "right" also sees its paddle column as one extra value (26 values, "left" 25):
+    observation shapes differ, action counts are equal (MPE simple_adversary's kind of spaces)."""
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 255, (SIZE * SIZE + (agent == "right"),), np.uint8)
+
+    def _obs(self):
+        out = super()._obs()
+        if "right" in out:
+            out["right"] = np.append(out["right"], np.uint8(self.paddles["right"]))
+        return out
+
+
+def make_heterogeneous():
+    return HeterogeneousCatch()
