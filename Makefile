@@ -17,6 +17,8 @@ TORCH_VERSION   ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TRAIN_STAMP     := $(VENV)/.installed-train
 TEST_STAMP      := $(VENV)/.installed-test
+# the default suite runs on every core (pytest-xdist; Ray tests share one worker); PYTEST_WORKERS= runs it in one process
+PYTEST_WORKERS  ?= -n auto --dist loadgroup
 
 .PHONY: install install-test torch test test-slow train bench clean
 
@@ -63,7 +65,7 @@ install: $(TRAIN_STAMP)
 install-test: $(TEST_STAMP)
 
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_WORKERS)
 
 test-slow: $(TEST_STAMP)
 	$(BIN)/python -m pytest -m slow

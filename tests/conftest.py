@@ -11,6 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one pytest-xdist worker per core: one torch thread each
+    import torch
+
+    torch.set_num_threads(1)
+
 
 @pytest.fixture
 def madqn_cli():

@@ -486,8 +486,12 @@ def test_single_agent_noop_starts_seeds_sticky_actions_truncation_and_state():
 
 
 def test_unknown_single_player_name_is_one_clear_error():
-    with pytest.raises(UnknownGameError, match="did you mean 'ALE/Pong-v5'"):
+    with pytest.raises(UnknownGameError, match="did you mean 'ALE/Pong-v5'") as typo:
         make_atari_env("ALE/Pongg-v5")
+    assert "Boxing" not in str(typo.value) and "Pooyan" not in str(typo.value)  # only close games
+    with pytest.raises(UnknownGameError) as unrelated:
+        make_atari_env("ALE/Zzzz-v5")
+    assert "did you mean" not in str(unrelated.value)
     with pytest.raises(UnknownGameError, match="did you mean 'gym:PongNoFrameskip-v4'"):
         make_atari_env("gym:PongNoFrameskp-v4")
     with pytest.raises(UnknownGameError, match="did you mean 'gym:PongNoFrameskip-v4'"):

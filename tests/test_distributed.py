@@ -24,6 +24,10 @@ TINY = dict(env=CATCH, replay_memory=500, learn_start=100, prog_freq=100, save_f
 
 import ray  # noqa: E402  (the test extra installs it: a missing Ray must fail, not skip)
 
+# One local Ray instance at a time (the tests check that none is left behind): with pytest-xdist
+# (`-n 2 --dist loadgroup`), every Ray test runs in the same worker.
+pytestmark = pytest.mark.xdist_group("ray")
+
 
 def ray_processes(wait_s: float = 15.0) -> list[str]:
     """Live Ray daemons and workers on this machine (raylet, gcs_server, ray:: workers), after giving a

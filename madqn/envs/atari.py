@@ -16,6 +16,7 @@ exactly once, whatever frame skip and sticky-action defaults the Gymnasium id ha
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -271,15 +272,25 @@ class _SinglePlayerEmulator(_Emulator):
         self.ale.restoreState(ale_py.ALEState(np.ascontiguousarray(data, dtype=np.uint8).tobytes()))
 
 
-def close_games(name: str, cutoff: float = 0.8) -> list[str]:
-    """At most two games whose name, or name without its version (``pong`` for ``pong_v3``), is as
-    similar to ``name`` as ``cutoff`` (difflib's ratio): typos, not games that merely share a suffix."""
-    def similarity(game: str) -> float:
-        base = game.rsplit("_v", 1)[0]
-        return max(difflib.SequenceMatcher(None, name, game).ratio(), difflib.SequenceMatcher(None, name, base).ratio())
+def _game_name(env_id: str) -> str:
+    """The game an id names, for typo matching: `pong` for `pong_v3`, `ALE/Pong-v5` and `PongNoFrameskip-v4`."""
+    name = env_id.removeprefix(GYM_PREFIX).removeprefix("ALE/")
+    return re.fullmatch(r"(.*?)(No[A-Z][a-z]*|Det[a-z]*)?([-_]v\d*)?", name, re.S).group(1).lower()
 
-    scored = sorted(((similarity(g), g) for g in ATARI_GAMES), reverse=True)
-    return [g for score, g in scored[:2] if score >= cutoff]
+
+def close_ids(name: str, ids, cutoff: float = 0.8, n: int = 2) -> list[str]:
+    """At most ``n`` of ``ids`` whose game is as similar to ``name``'s as ``cutoff`` (difflib's ratio over the
+    game names, so that shared prefixes and versions such as ``ALE/`` or ``-v5`` make no game look close);
+    among the forms of one game, the most similar id first. Typos, not games that merely share a suffix."""
+    game = _game_name(name)
+    scored = [(difflib.SequenceMatcher(None, game, _game_name(i)).ratio(),
+               difflib.SequenceMatcher(None, name, i).ratio(), i) for i in ids]
+    return [i for similarity, _, i in sorted(scored, reverse=True)[:n] if similarity >= cutoff]
+
+
+def close_games(name: str) -> list[str]:
+    """The multi-player games whose names are close to ``name`` (see `close_ids`)."""
+    return close_ids(name, ATARI_GAMES)
 
 
 def _check_game(name: str) -> str:
@@ -546,8 +557,7 @@ def _resolve_gym_id(name: str) -> tuple[str, dict[str, Any]]:
     env_id = name[len(GYM_PREFIX):] if name.startswith(GYM_PREFIX) else name
     ids = single_player_ids()
     if env_id not in ids:
-        matches = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.6)
-        matches = [m if m.startswith("ALE/") else GYM_PREFIX + m for m in matches]
+        matches = [m if m.startswith("ALE/") else GYM_PREFIX + m for m in close_ids(env_id, ids)]
         hint = f"did you mean {' or '.join(repr(m) for m in matches)}? " if matches else ""
         raise UnknownGameError(f"unknown single-player Atari env {name!r}; {hint}use an ale-py Gymnasium id "
                                f"such as ALE/Pong-v5 or {GYM_PREFIX}PongNoFrameskip-v4 "
