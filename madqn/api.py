@@ -20,22 +20,22 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
-from madqn.atari import is_atari_spec
-from madqn.checkpoint import (LATEST, REPLAY, REPLAY_KIND, atomic_save, atomic_write_text,
+from madqn.envs.atari import is_atari_spec
+from madqn.training.checkpoint import (LATEST, REPLAY, REPLAY_KIND, atomic_save, atomic_write_text,
                               close_interrupted_episodes, load_run_checkpoint, remove_temporaries, replay_state,
                               restore_replay, restore_trainer, safe_load, trainer_state, truncate_csv)
-from madqn.commands import resume_command
+from madqn.cli.commands import resume_command
 from madqn.config import Config, _check_keys, load_toml, make_config
 from madqn.errors import CheckpointError, ConfigError, MadqnError, NonFiniteError
-from madqn.eval_hook import EvalHook
-from madqn.guard import NumericsGuard
+from madqn.evaluation.eval_hook import EvalHook
+from madqn.training.guard import NumericsGuard
 from madqn.evaluation import EvalResult, evaluate
-from madqn.metrics import MetricsHook
-from madqn.progress import ProgressHook
-from madqn.learner import describe_precision
-from madqn.runner import Hook, Trainer, default_run_dir, resolve_device
-from madqn.tensorboard import TensorBoardHook
-from madqn.video import VideoHook
+from madqn.training.metrics import MetricsHook
+from madqn.training.progress import ProgressHook
+from madqn.core.learner import describe_precision
+from madqn.training.trainer import Hook, Trainer, TrainerBase, default_run_dir, resolve_device
+from madqn.training.tensorboard import TensorBoardHook
+from madqn.evaluation.video import VideoHook
 
 # Config keys a resumed run may change: they do not alter what was learned or how the saved state is read.
 RESUME_SAFE_KEYS = ("steps", "device", "num_threads", "prog_freq", "save_freq", "save_replay", "final_eval_episodes",
@@ -222,77 +222,114 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
     gracefully (main thread only). Raises :class:`MadqnError` on bad input, on a diverged run
     (NaN/Inf) and on a failed checkpoint write.
     """
-    state, resumed_from = None, None
     if resume is not None:
-        if force:
-            raise MadqnError("--resume continues a run and --force overwrites one; pass only one of them")
-        run_dir_path = Path(resume)
-        if run_dir is not None and Path(run_dir).resolve() != run_dir_path.resolve():
-            raise MadqnError(f"--run-dir {run_dir} differs from --resume {resume}; a resumed run stays in its directory")
-        state, ckpt_path = load_run_checkpoint(run_dir_path)
-        if isinstance(env, str):
-            overrides = {**overrides, "env": env}
-            env = None
-        cfg = resume_config(state["config"], config, overrides, ckpt_path)
-        if env is None and ":" not in cfg.env and not is_atari_spec(cfg.env):
-            raise MadqnError(f"run {run_dir_path} trained on an env object given in Python ({cfg.env}); "
-                             "pass it again: madqn.train(env, resume=...)")
-        if cfg.steps <= state["step"]:
-            raise MadqnError(f"run {run_dir_path} already reached step {state['step']} of steps = {cfg.steps}; "
-                             f"pass --steps N with N > {state['step']} to train longer")
+        plan = plan_resume(env, config, overrides, Path(resume), run_dir, force)
     else:
-        cfg = resolve_config(config, overrides)
-        if isinstance(env, str):
-            cfg = cfg.replace(env=env)
-            env = None
-        elif env is not None:
-            cfg = cfg.replace(env=env_name(env))
-        run_dir_path = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
-        check_run_dir(run_dir_path, force)  # refuse before building envs and networks
-
-    device = resolve_device(cfg.device)
-    precision, precision_why = describe_precision(cfg.precision, device)
-    cfg = cfg.replace(precision=precision)  # config.toml and the checkpoints record what ran, not "auto"
+        plan = plan_new_run(env, config, overrides, run_dir, force)
+    device = resolve_device(plan.config.device)
+    precision, precision_why = describe_precision(plan.config.precision, device)
+    cfg = plan.config.replace(precision=precision)  # config.toml and the checkpoints record what ran, not "auto"
 
     guard = NumericsGuard()
-    metrics = MetricsHook(run_dir_path)
-    checkpoints = CheckpointHook(run_dir_path, guard)
+    metrics = MetricsHook(plan.run_dir)
+    checkpoints = CheckpointHook(plan.run_dir, guard)
     # VideoHook first among the watchers: it checks the env renders; all after metrics (its reports)
-    watch = [VideoHook(run_dir_path), ProgressHook(), TensorBoardHook(run_dir_path)]
-    trainer_class = Trainer
-    if cfg.backend == "ray":  # actors on Ray, this process learns (madqn.distributed)
-        from madqn.distributed import DistributedTrainer as trainer_class
-    trainer = trainer_class(cfg, env, hooks=[guard, metrics, checkpoints, EvalHook(run_dir_path), *watch, *hooks])
+    watch = [VideoHook(plan.run_dir), ProgressHook(), TensorBoardHook(plan.run_dir)]
+    trainer = build_trainer(cfg, plan.env, [guard, metrics, checkpoints, EvalHook(plan.run_dir), *watch, *hooks])
     try:
-        print(start_line(trainer, run_dir_path, precision_why), flush=True)
-        if state is not None:
-            _restore(trainer, state, ckpt_path, run_dir_path)
-            checkpoints.saved_step = resumed_from = trainer.step
-            del state  # the networks now live in the trainer
-        else:
-            prepare_run_dir(run_dir_path, force)
-        atomic_write_text(run_dir_path / "config.toml", cfg.to_toml())
+        print(start_line(trainer, plan.run_dir, precision_why), flush=True)
+        resumed_from = start_run_dir(trainer, plan, checkpoints, force)
+        atomic_write_text(plan.run_dir / "config.toml", cfg.to_toml())
         start = time.time()
         with StopOnSignal(trainer) if handle_signals else _NoSignals() as stop:
             trainer.run()
         wall_time = time.time() - start
         evaluation = None
         if trainer.step >= cfg.steps and guard.error is None and checkpoints.error is None:
-            evaluation = final_evaluation(trainer, env if env is not None else cfg.env, run_dir_path,
+            evaluation = final_evaluation(trainer, plan.env if plan.env is not None else cfg.env, plan.run_dir,
                                           wall_time=wall_time)
     finally:
         trainer.close()
     for error in (guard.error, checkpoints.error):
         if error is not None:
-            raise type(error)(f"{error}; {_next_steps(checkpoints, run_dir_path, error)}")
+            raise type(error)(f"{error}; {_next_steps(checkpoints, plan.run_dir, error)}")
     return RunResult(
-        run_dir=run_dir_path, steps=trainer.step, episodes=trainer.episodes,
+        run_dir=plan.run_dir, steps=trainer.step, episodes=trainer.episodes,
         updates={g.name: g.updates for g in trainer.groups}, wall_time=wall_time,
         checkpoint=checkpoints.path,
         recent_scores={a: sum(d) / len(d) for a, d in metrics.recent.items() if d},
         stopped_by=stop.received if trainer.step < cfg.steps else None,
         resumed_from=resumed_from,
         eval_scores=evaluation.mean_scores() if evaluation is not None else {}, evaluation=evaluation)
+
+
+@dataclass
+class RunPlan:
+    """What ``train`` is about to do: the config, the env object (None: ``config.env`` is a spec), the run
+    directory and, when resuming, the loaded checkpoint and its path."""
+
+    config: Config
+    env: Any
+    run_dir: Path
+    checkpoint: dict[str, Any] | None = None
+    checkpoint_path: Path | None = None
+
+
+def plan_new_run(env: Any, config: Config | str | Path | None, overrides: dict[str, Any], run_dir: str | Path | None,
+                 force: bool) -> RunPlan:
+    """A new run: the config with its overrides and env name; the run directory refused early if taken."""
+    cfg = resolve_config(config, overrides)
+    if isinstance(env, str):
+        cfg = cfg.replace(env=env)
+        env = None
+    elif env is not None:
+        cfg = cfg.replace(env=env_name(env))
+    run_dir_path = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    check_run_dir(run_dir_path, force)  # refuse before building envs and networks
+    return RunPlan(cfg, env, run_dir_path)
+
+
+def plan_resume(env: Any, config: Config | str | Path | None, overrides: dict[str, Any], run_dir: Path,
+                requested_dir: str | Path | None, force: bool) -> RunPlan:
+    """Continuing ``run_dir``: its checkpoint, the saved config with the resume-safe changes, checked."""
+    if force:
+        raise MadqnError("--resume continues a run and --force overwrites one; pass only one of them")
+    if requested_dir is not None and Path(requested_dir).resolve() != run_dir.resolve():
+        raise MadqnError(f"--run-dir {requested_dir} differs from --resume {run_dir}; "
+                         "a resumed run stays in its directory")
+    state, ckpt_path = load_run_checkpoint(run_dir)
+    if isinstance(env, str):
+        overrides = {**overrides, "env": env}
+        env = None
+    cfg = resume_config(state["config"], config, overrides, ckpt_path)
+    if env is None and ":" not in cfg.env and not is_atari_spec(cfg.env):
+        raise MadqnError(f"run {run_dir} trained on an env object given in Python ({cfg.env}); "
+                         "pass it again: madqn.train(env, resume=...)")
+    if cfg.steps <= state["step"]:
+        raise MadqnError(f"run {run_dir} already reached step {state['step']} of steps = {cfg.steps}; "
+                         f"pass --steps N with N > {state['step']} to train longer")
+    return RunPlan(cfg, env, run_dir, state, ckpt_path)
+
+
+def build_trainer(config: Config, env: Any, hooks: list[Hook]) -> TrainerBase:
+    """The in-process trainer, or with ``backend = "ray"`` the learner fed by Ray actors
+    (madqn.training.distributed)."""
+    if config.backend == "ray":
+        from madqn.training.distributed import DistributedTrainer
+
+        return DistributedTrainer(config, env, hooks=hooks)
+    return Trainer(config, env, hooks=hooks)
+
+
+def start_run_dir(trainer: TrainerBase, plan: RunPlan, checkpoints: CheckpointHook, force: bool) -> int | None:
+    """Restore the checkpoint into ``trainer`` (returns its step), or prepare a new run directory (None)."""
+    if plan.checkpoint is None:
+        prepare_run_dir(plan.run_dir, force)
+        return None
+    _restore(trainer, plan.checkpoint, plan.checkpoint_path, plan.run_dir)
+    plan.checkpoint = None  # the networks now live in the trainer
+    checkpoints.saved_step = trainer.step
+    return trainer.step
 
 
 def start_line(trainer: Trainer, run_dir: Path, precision_why: str) -> str:
@@ -344,9 +381,9 @@ def _restore(trainer: Trainer, state: dict[str, Any], ckpt_path: Path, run_dir: 
     else:
         replay = None
     if replay is None:
-        trainer.learn_from = step + trainer.config.learn_start
+        trainer.learners.learn_from = step + trainer.config.learn_start
         memory = (f"replay memory not saved{note}: it refills for learn_start = {trainer.config.learn_start} "
-                  f"steps, learning resumes after step {trainer.learn_from}")
+                  f"steps, learning resumes after step {trainer.learners.learn_from}")
     else:
         memory = "replay memory restored"
     episodes = "episodes continue" if exact else "the env cannot save its state: fresh episodes start"
@@ -366,9 +403,9 @@ def final_evaluation(trainer: Trainer, env: Any, run_dir: Path, wall_time: float
     within ``eval_steps`` agent steps and ``final_eval_budget`` seconds; the episode a budget cuts
     short is dropped), in every seat, on a fresh env (or the given env instance), with a progress
     line per episode, written to ``final_eval.csv``. Seeds differ from the training envs'."""
-    from madqn.agents import Agents
-    from madqn.metrics import CsvWriter
-    from madqn.progress import EvalProgress
+    from madqn.evaluation.agents import Agents
+    from madqn.training.metrics import CsvWriter
+    from madqn.training.progress import EvalProgress
 
     cfg = trainer.config
     if cfg.final_eval_episodes == 0:

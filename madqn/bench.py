@@ -11,7 +11,7 @@ machine was too noisy: the row shows "noisy" instead of a ratio and a pass/MISS.
 - env: ``AtariEnv.step`` decisions/s vs the bare emulator (ALE's C ``actMulti``, ``action_repeat``
   frames per decision, no screen read);
 - peak: a large fp32 and a large bf16 matmul, the arithmetic the core can do at best;
-- learner: ``Trainer.learn`` (replay sampling, uint8 tensors, DQN3.0 targets, gradient injection,
+- learner: ``LearnerSet.learn`` (replay sampling, uint8 tensors, DQN3.0 targets, gradient injection,
   DQN3RMSprop, bookkeeping) in fp32 and bf16 vs a bare PyTorch fp32 update of the same network, batch
   and threads (float input ready, target forward, Huber loss, backward, ``torch.optim.RMSprop``), and
   its achieved GFLOP/s as a fraction of the peak; the bare update also in bf16 and channels_last;
@@ -203,7 +203,7 @@ class Section:
 # ---- env --------------------------------------------------------------------------------------------
 
 def env_section(game: str, n: int) -> Section:
-    from madqn.atari import AtariEnv
+    from madqn.envs.atari import AtariEnv
 
     env = AtariEnv(game, seed=0, max_cycles=10**9)
     env.reset()
@@ -236,7 +236,7 @@ def bench_pettingzoo_raw(game: str, n: int) -> Row:
     """Reference only: PettingZoo's own parallel env (RGB observations per agent), 4 steps per decision."""
     import pettingzoo
 
-    from madqn.atari import rom_dir
+    from madqn.envs.atari import rom_dir
 
     env = pettingzoo.make("parallel", "atari/" + "-v".join(game.rsplit("_v", 1)), max_cycles=10**9,
                           auto_rom_install_path=str(rom_dir()))
@@ -292,7 +292,7 @@ def _sync(device: str) -> Callable[[], None]:
 def _filled_trainer(sharing: str, device: str, precision: str = "fp32", n_fill: int = 2_000):
     """A Trainer on pong_v3 whose replay holds ``n_fill`` real steps (random play)."""
     from madqn.config import make_config
-    from madqn.runner import Trainer
+    from madqn.training.trainer import Trainer
 
     cfg = make_config(None, {"env": "pong_v3", "sharing": sharing, "device": device, "replay_memory": 10_000,
                              "learn_start": 10**9, "steps": 10**9, "vector_env": "inline", "seed": 0,
@@ -309,7 +309,7 @@ def bare_update(network, device, batch: int = 32, precision: str = "fp32", chann
     import torch
     import torch.nn.functional as F
 
-    from madqn.learner import cuda_fp32_precision
+    from madqn.core.learner import cuda_fp32_precision
 
     online = copy.deepcopy(network).to(device)
     target = copy.deepcopy(network).to(device)
@@ -360,11 +360,11 @@ def update_flops(learner, batch: int = 32) -> float:
 
 
 def learner_section(device: str, n: int) -> Section:
-    """Trainer.learn in fp32 and bf16, and the bare PyTorch update in fp32 / bf16 / channels_last, one learner."""
+    """LearnerSet.learn in fp32 and bf16, and the bare PyTorch update in fp32 / bf16 / channels_last, one learner."""
     sync = _sync(device)
     trainers = {p: _filled_trainer("independent", device, p) for p in ("fp32", "bf16")}
     for t in trainers.values():
-        t.groups = t.groups[:1]  # time one learner's round
+        t.learners.groups = t.learners.groups[:1]  # time one learner's round
     network = trainers["fp32"].groups[0].learner.online_network
     flops = update_flops(trainers["fp32"].groups[0].learner)
     key = f"learner[{device}]"
@@ -373,7 +373,8 @@ def learner_section(device: str, n: int) -> Section:
         for cl in (False, True):
             bare = bare_update(network, device, precision=precision, channels_last=cl)
             probes[f"{key}/bare-{precision}{'-cl' if cl else ''}"] = lambda bare=bare: rate(bare, n, sync)
-        probes[f"{key}/madqn-{precision}"] = lambda t=trainers[precision]: rate(t.learn, n, sync)
+        probes[f"{key}/madqn-{precision}"] = lambda t=trainers[precision]: rate(
+            lambda: t.learners.learn(t.step), n, sync)
     replay = trainers["fp32"].groups[0].replay
     sample_ms = 1e3 / rate(lambda: replay.sample(32), 200) if device == "cpu" else None
     threads = _threads()
@@ -385,14 +386,14 @@ def learner_section(device: str, n: int) -> Section:
 
 
 def learner_rows(t: Timings, device: str, flops: float, threads: int, sample_ms: float | None = None) -> list[Row]:
-    """Trainer.learn per precision against the bare fp32 update, the achieved GFLOP/s against the matmul
+    """LearnerSet.learn per precision against the bare fp32 update, the achieved GFLOP/s against the matmul
     peak of the same precision (``flops`` per update), and the bare update in bf16 and channels_last."""
     key = f"learner[{device}]"
-    out = [compared(t, f"learner [{device}]: Trainer.learn fp32 (sample, convert, DQN3.0 update)",
+    out = [compared(t, f"learner [{device}]: LearnerSet.learn fp32 (sample, convert, DQN3.0 update)",
                     f"{key}/madqn-fp32", f"{key}/bare-fp32", "updates/s", target=">= 0.95 x limit",
                     check=lambda ratio: ratio >= 0.95,
                     note=f"limit: bare PyTorch fp32 update, same net, batch 32, {threads} threads"),
-           compared(t, f"learner [{device}]: Trainer.learn bf16 (precision = \"bf16\")",
+           compared(t, f"learner [{device}]: LearnerSet.learn bf16 (precision = \"bf16\")",
                     f"{key}/madqn-bf16", f"{key}/bare-fp32", "updates/s",
                     note="limit: the same bare PyTorch fp32 update")]
     for precision in ("fp32", "bf16"):
@@ -424,7 +425,7 @@ def _threads() -> int:
 
 
 def bench_replay_bytes() -> Row:
-    from madqn.replay import ReplayMemory
+    from madqn.core.replay import ReplayMemory
 
     mem = ReplayMemory(10_000, (84, 84), 4, n_streams=2)
     per = mem.nbytes / (10_000 * 2)
@@ -446,7 +447,7 @@ EXTENSIONS = {  # row name -> config overrides (each off by default)
 
 def _extension_trainer(source, overrides: dict, device: str):
     """A Trainer with ``overrides`` whose replay holds the same entries as ``source``'s (no learning yet)."""
-    from madqn.runner import Trainer
+    from madqn.training.trainer import Trainer
 
     trainer = Trainer(source.config.replace(device=device, **overrides))
     for src, dst in zip(source.groups, trainer.groups):
@@ -456,20 +457,21 @@ def _extension_trainer(source, overrides: dict, device: str):
                 r = src.replay
                 dst.replay.add(stream, r.frames[stream, pos], int(r.actions[stream, pos]), float(r.rewards[stream, pos]),
                                bool(r.terminal[stream, pos]), bool(r.episode_end[stream, pos]))
-    trainer.groups = trainer.groups[:1]  # time one learner's round
+    trainer.learners.groups = trainer.learners.groups[:1]  # time one learner's round
     return trainer
 
 
 def extensions_section(device: str, n: int) -> Section:
-    """One Trainer.learn with each extension on vs the DQN3.0 one (same replay contents, one learner),
+    """One LearnerSet.learn with each extension on vs the DQN3.0 one (same replay contents, one learner),
     and a prioritized draw (sample + priority update) vs the DQN3.0 update."""
     sync = _sync(device)
     base = _filled_trainer("independent", device)
-    base.groups = base.groups[:1]
+    base.learners.groups = base.learners.groups[:1]
     variants = {name: _extension_trainer(base, o, device) for name, o in EXTENSIONS.items()}
     key = f"ext[{device}]"
-    probes = {f"{key}/dqn3": lambda: rate(base.learn, n, sync)}
-    probes.update({f"{key}/{name}": (lambda t=t: rate(t.learn, n, sync)) for name, t in variants.items()})
+    probes = {f"{key}/dqn3": lambda: rate(lambda: base.learners.learn(base.step), n, sync)}
+    probes.update({f"{key}/{name}": (lambda t=t: rate(lambda: t.learners.learn(t.step), n, sync))
+                   for name, t in variants.items()})
     replay = variants["prioritized"].groups[0].replay
     rng = np.random.default_rng(0)
 
@@ -496,7 +498,7 @@ def extensions_section(device: str, n: int) -> Section:
 
 
 def bench_prioritized_bytes() -> Row:
-    from madqn.replay import ReplayMemory
+    from madqn.core.replay import ReplayMemory
 
     plain = ReplayMemory(10_000, (84, 84), 4, n_streams=2)
     prio = ReplayMemory(10_000, (84, 84), 4, n_streams=2, prioritized=True)
@@ -512,7 +514,7 @@ def acting_section(n: int, num_envs: int) -> Section:
     import torch
 
     from madqn.config import make_config
-    from madqn.runner import Trainer
+    from madqn.training.trainer import Trainer
 
     trainers = {}
     for sharing in ("shared", "independent"):
@@ -522,14 +524,14 @@ def acting_section(n: int, num_envs: int) -> Section:
         trainers[sharing] = Trainer(cfg)
     rng = np.random.default_rng(0)
     for t in trainers.values():
-        for slot in t.slots.values():
+        for slot in t.acting.slots.values():
             slot.history.frames[:] = rng.integers(0, 256, slot.history.frames.shape, dtype=np.uint8)
-    slots = {k: list(t.slots.values()) for k, t in trainers.items()}
+    slots = {k: list(t.acting.slots.values()) for k, t in trainers.items()}
 
     def act(sharing: str, bf16: bool = False) -> Callable[[], float]:
         def one() -> None:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                trainers[sharing].act(slots[sharing], 0.0)
+                trainers[sharing].acting.act(slots[sharing], 0.0)
         return lambda: rate(one, n)
 
     n_agents = len(slots["shared"]) // num_envs
@@ -555,7 +557,7 @@ E2E_VARIANTS = (("fp32", False), ("fp32", True), ("bf16", False))  # (precision,
 
 def e2e_trainer(sharing: str, device: str, overlap: bool, num_envs: int, precision: str = "fp32"):
     from madqn.config import make_config
-    from madqn.runner import Trainer
+    from madqn.training.trainer import Trainer
 
     cfg = make_config(None, {"env": "pong_v3", "sharing": sharing, "device": device, "overlap": overlap,
                              "num_envs": num_envs, "replay_memory": 20_000, "learn_start": 400,
@@ -676,8 +678,8 @@ def bench_distributed(device: str, n: int, actor_counts: tuple[int, ...] = (1, 2
     actors (one env copy each, this process learning) beside the local backend with as many env copies.
     Steps are counter steps (one per env copy step) x 2 agents, as in the end-to-end rows."""
     from madqn.config import make_config
-    from madqn.distributed import DistributedTrainer
-    from madqn.runner import Trainer
+    from madqn.training.distributed import DistributedTrainer
+    from madqn.training.trainer import Trainer
 
     rows = []
     warmup = 600
@@ -705,7 +707,7 @@ def bench_distributed(device: str, n: int, actor_counts: tuple[int, ...] = (1, 2
 def run_bench(args: argparse.Namespace) -> list[Row]:
     import torch
 
-    from madqn.runner import resolve_device
+    from madqn.training.trainer import resolve_device
 
     quick = args.quick
     repeats = 3 if quick else 5

@@ -48,9 +48,10 @@ class Config:
     overlap: bool = _f(False, "learn in a background thread while acting goes on (at most one learning round behind); "
                        "false keeps DQN3.0's strict act-learn-step order and same-seed reproducibility")
 
-    # --- distributed acting (madqn.distributed) ---------------------------------------------
-    backend: str = _f("local", "'local': this process and its env workers (madqn.runner); 'ray': actor processes on a "
-                      "Ray cluster feeding this process's learner (madqn.distributed, needs madqn[ray])",
+    # --- distributed acting (madqn.training.distributed) ---------------------------------------------
+    backend: str = _f("local", "'local': this process and its env workers (madqn.training.trainer); 'ray': actor "
+                      "processes on a Ray cluster feeding this process's learner (madqn.training.distributed, needs "
+                      "madqn[ray])",
                       choices=("local", "ray"))
     actors: int = _f(1, "backend ray: actor processes, each with num_envs env copies and a CPU copy of the Q-networks", min=1)
     ray_address: str = _f("", "backend ray: '' starts a local Ray instance; 'auto' or HOST:PORT joins a running cluster")

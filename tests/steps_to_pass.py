@@ -6,8 +6,8 @@ seeds, against random agents on the same seeds), and stops the run at the first 
 """
 
 import madqn
-from madqn.agents import Agents
-from madqn.runner import Hook
+from madqn.evaluation.agents import Agents
+from madqn.training.trainer import Hook
 
 
 class StepsToPass(Hook):

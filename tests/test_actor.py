@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from madqn.actor import RecentHistory, epsilon_greedy, linear_epsilon
+from madqn.core.actor import RecentHistory, epsilon_greedy, linear_epsilon
 
 SCHEDULE = dict(ep_start=1.0, ep_end=0.1, ep_endt=1_000_000, learn_start=50_000)
 
@@ -76,6 +76,6 @@ def test_epsilon_fraction_and_q_called_only_for_greedy_rows():
     (96, 104, 100, 4, 1),    # 100 itself is not > learn_start, 104 is
 ])
 def test_learning_rounds_follow_dqn3_perceive(prev, step, learn_from, update_freq, expected):
-    from madqn.runner import learning_rounds
+    from madqn.training.learners import learning_rounds
 
     assert learning_rounds(prev, step, learn_from, update_freq) == expected

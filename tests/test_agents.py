@@ -9,8 +9,8 @@ import torch
 from pettingzoo.classic import tictactoe_v3
 
 import madqn
-from madqn.agents import Agents
-from madqn.checkpoint import atomic_save, safe_load
+from madqn.evaluation.agents import Agents
+from madqn.training.checkpoint import atomic_save, safe_load
 from madqn.errors import CheckpointError, MadqnError
 from madqn.evaluation import RandomPolicy
 

@@ -1,4 +1,4 @@
-"""madqn.atari: DQN3.0 frame preprocessing, the PettingZoo multi-player Atari env and the ale-py
+"""madqn.envs.atari: DQN3.0 frame preprocessing, the PettingZoo multi-player Atari env and the ale-py
 single-player env (the same pipeline)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pettingzoo
 import pytest
 
-from madqn.atari import (
+from madqn.envs.atari import (
     ATARI_GAMES,
     SINGLE_AGENT,
     AtariEnv,

@@ -7,8 +7,8 @@ import pytest
 
 from madqn.bench import (NOISY_SPREAD, Timings, bounds, compared, e2e_key, e2e_rows, format_table, interleaved,
                          learner_rows, spread, update_flops, verdict)
-from madqn.learner import Learner
-from madqn.networks import DQN3ConvNet
+from madqn.core.learner import Learner
+from madqn.core.networks import DQN3ConvNet
 
 CPU = "cpu"
 
@@ -22,7 +22,7 @@ def window(e2e=None, learner_fp32=25.0, noisy=()):
     """Synthetic rates of every probe the env/acting/learner/peak/e2e rows read.
 
     env pipeline 2000 decisions/s; acting 1 ms (shared) and 2 ms (independent) per env step;
-    Trainer.learn 25 updates/s in fp32 (``learner_fp32``), 40 in bf16; bare updates 26 (fp32), 45 (bf16),
+    LearnerSet.learn 25 updates/s in fp32 (``learner_fp32``), 40 in bf16; bare updates 26 (fp32), 45 (bf16),
     30 (fp32 channels_last), 44 (bf16 channels_last); matmul peaks 100 / 200 GFLOP/s.
     """
     rates = {"env/raw": 3000.0, "env/pipeline": 2000.0, "acting/shared": 1000.0, "acting/independent": 500.0,
@@ -97,9 +97,9 @@ def test_end_to_end_above_the_component_bound_is_not_reported_as_a_pass():
 def test_learner_rows_peak_fraction_and_channels_last():
     flops = 2.18e9
     rows = by_name(learner_rows(window(), CPU, flops, threads=1, sample_ms=0.1))
-    fp32 = rows["learner [cpu]: Trainer.learn fp32 (sample, convert, DQN3.0 update)"]
+    fp32 = rows["learner [cpu]: LearnerSet.learn fp32 (sample, convert, DQN3.0 update)"]
     assert fp32.ratio == pytest.approx(25 / 26) and fp32.passed
-    assert rows['learner [cpu]: Trainer.learn bf16 (precision = "bf16")'].ratio == pytest.approx(40 / 26)
+    assert rows['learner [cpu]: LearnerSet.learn bf16 (precision = "bf16")'].ratio == pytest.approx(40 / 26)
     arith = rows["learner [cpu]: achieved arithmetic, bf16"]
     assert arith.value == pytest.approx(40 * 2.18) and arith.limit == pytest.approx(200.0)
     assert arith.passed is False  # 87 of 200 GFLOP/s is under half the peak

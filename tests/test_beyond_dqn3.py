@@ -11,11 +11,11 @@ import torch
 from scipy.stats import chi2
 
 from madqn.config import Config
-from madqn.learner import Learner, build_optimizer, q_targets
-from madqn.networks import DQN3ConvNet, DuelingHead, MLPQNetwork, build_q_network
-from madqn.prioritized import SumTree, annealed_beta, importance_weights
-from madqn.replay import ReplayMemory
-from madqn.runner import Trainer
+from madqn.core.learner import Learner, build_optimizer, q_targets
+from madqn.core.networks import DQN3ConvNet, DuelingHead, MLPQNetwork, build_q_network
+from madqn.core.prioritized import SumTree, annealed_beta, importance_weights
+from madqn.core.replay import ReplayMemory
+from madqn.training.trainer import Trainer
 
 torch.set_num_threads(1)
 
@@ -396,7 +396,7 @@ def _check_learners(trainer):
 def test_every_switch_with_the_distributed_learner_and_its_actors(sharing):
     """The Ray backend's learner and actors (here in this process): dueling networks on both sides,
     weights published to the actors, prioritized n-step replay fed from their batches."""
-    from madqn.distributed import DistributedTrainer
+    from madqn.training.distributed import DistributedTrainer
 
     trainer = DistributedTrainer(Config(**TINY, steps=400, actors=2, sharing=sharing, **ALL_SWITCHES), pool="inline")
     try:
@@ -404,8 +404,8 @@ def test_every_switch_with_the_distributed_learner_and_its_actors(sharing):
         _check_learners(trainer)
         for actor in trainer.pool.actors:
             assert actor.weights_version > 0
-            for g_actor, g in zip(actor.groups, trainer.groups):
-                assert g_actor.learner.online_network.state_dict().keys() == g.learner.online_network.state_dict().keys()
+            for network, g in zip(actor.networks, trainer.groups):
+                assert network.state_dict().keys() == g.learner.online_network.state_dict().keys()
     finally:
         trainer.close()
 
@@ -471,6 +471,7 @@ def test_dueling_checkpoint_loads_for_play(tmp_path):
     agents = madqn.load_agents(result.run_dir)
     network = next(iter(agents.networks.values()))
     assert isinstance(network.layers[-1], DuelingHead)
-    saved = madqn.checkpoint.safe_load(result.run_dir / "checkpoints" / "latest.pt")["groups"]["shared"]["learner"]
+    checkpoint = madqn.training.checkpoint.safe_load(result.run_dir / "checkpoints" / "latest.pt")
+    saved = checkpoint["groups"]["shared"]["learner"]
     for k, v in network.state_dict().items():
         assert torch.equal(v, saved["online"][k])

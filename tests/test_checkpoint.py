@@ -9,11 +9,11 @@ from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
 import madqn
-from madqn.atari import AtariEnv
-from madqn.checkpoint import REPLAY_KIND, restore_trainer, safe_load, truncate_csv
+from madqn.envs.atari import AtariEnv
+from madqn.training.checkpoint import REPLAY_KIND, restore_trainer, safe_load, truncate_csv
 from madqn.config import Config
 from madqn.errors import CheckpointError
-from madqn.runner import Trainer
+from madqn.training.trainer import Trainer
 
 
 def rollout(env, joint_actions):
@@ -155,3 +155,22 @@ def test_incompatible_checkpoints_are_refused_naming_the_mismatch(tmp_path):
     wider = Trainer(SMALL.replace(mlp_hidden=[32]), Countdown)
     with pytest.raises(CheckpointError, match="network of a does not fit this config"):
         restore_trainer(wider, state, run / "checkpoints" / "latest.pt")
+
+
+def test_checkpoint_with_one_statistics_row_per_update_still_loads(tmp_path):
+    """Checkpoints of the same format written before the running sums hold a learner's unreported
+    statistics as one (abs_delta, q_mean, q2_max) row per update: they load as those rows' sums."""
+    run = tmp_path / "run"
+    madqn.train(Countdown, SMALL, run_dir=run, steps=40, save_replay=False, handle_signals=False)
+    state = safe_load(run / "checkpoints" / "latest.pt")
+    for saved in state["groups"].values():
+        del saved["update_stats"]
+        saved["stats"] = torch.tensor([[0.5, 1.0, 2.0], [0.25, 3.0, -1.0]])
+    trainer = Trainer(SMALL, Countdown)
+    try:
+        restore_trainer(trainer, state, run / "checkpoints" / "latest.pt")
+        for g in trainer.groups:
+            assert g.update_stats.count == 2
+            assert g.update_stats.means() == {"abs_delta": 0.375, "q_mean": 2.0, "q2_max": 0.5}
+    finally:
+        trainer.close()

@@ -14,12 +14,12 @@ import torch
 from pettingzoo.classic import connect_four_v3, tictactoe_v3
 from pettingzoo.utils.wrappers import BaseWrapper
 
-from madqn.actor import epsilon_greedy
+from madqn.core.actor import epsilon_greedy
 from madqn.api import final_evaluation
 from madqn.config import make_config
-from madqn.learner import q_targets
-from madqn.metrics import MetricsHook
-from madqn.runner import Hook, Trainer
+from madqn.core.learner import q_targets
+from madqn.training.metrics import MetricsHook
+from madqn.training.trainer import Hook, Trainer
 
 
 class LegalityCheck(BaseWrapper):
@@ -106,7 +106,7 @@ def test_targets_never_bootstrap_from_illegal_actions(game, tmp_path):
     assert np.allclose(q2_max.numpy()[live], expected[live])
     assert (q2.max(axis=1)[live] > expected[live] + 1e-6).any()  # ignoring the mask would change targets
 
-    # and Trainer.learn passes the stored masks: replay the same draw through learn() and compare its q2_max
+    # and LearnerSet.learn passes the stored masks: replay the same draw through learn() and compare its q2_max
     state = g.replay.rng.bit_generator.state
     batch = g.replay.sample(trainer.config.minibatch_size)
     g.replay.rng.bit_generator.state = state
@@ -115,8 +115,9 @@ def test_targets_never_bootstrap_from_illegal_actions(game, tmp_path):
         q2 = g.learner.target_network(torch.as_tensor(batch.next_states), ids).numpy()
     masked = np.where(batch.next_action_masks, q2, -np.inf).max(axis=1)
     masked = np.where(batch.next_action_masks.any(axis=1), masked, 0.0)
-    trainer.learn()
-    assert float(g.stats[-1]["q2_max"]) == pytest.approx(float(masked.mean()), abs=1e-5)
+    g.update_stats.clear()
+    trainer.learners.learn(trainer.step)
+    assert g.update_stats.means()["q2_max"] == pytest.approx(float(masked.mean()), abs=1e-5)
     trainer.close()
 
 
@@ -142,7 +143,7 @@ def test_turn_based_rewards_reach_the_agent_that_moved_before(tmp_path):
     g = trainer.groups[0]
     outcomes = []
     for agent in trainer.agents:
-        stream = trainer.slots[(0, agent)].stream
+        stream = trainer.learners.stream(agent, 0)
         ends = np.flatnonzero(g.replay.episode_end[stream, : g.replay.written[stream]])
         starts = np.concatenate([[0], ends[:-1] + 1])
         logged = [float(r["score"]) for r in rows if r["agent"] == agent]
@@ -190,9 +191,9 @@ def test_worker_process_envs_count_rounds_too():
                              "steps": 1_000, "hist_len": 1, "mlp_hidden": [8], "replay_memory": 1_000,
                              "learn_start": 1_000, "device": "cpu", "num_threads": 1})
     with Trainer(cfg) as trainer:
-        assert trainer.turn_based == [True, True]
+        assert trainer.acting.turn_based == [True, True]
         openings = 0
         for _ in range(30):
-            openings += sum("player_1" in obs for obs in trainer.observations)
+            openings += sum("player_1" in obs for obs in trainer.acting.observations)
             trainer.env_step()
         assert trainer.step == openings and 30 <= openings < 60

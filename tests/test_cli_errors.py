@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import madqn
-from madqn.checkpoint import FORMAT_VERSION, TRAINER_KIND
+from madqn.training.checkpoint import FORMAT_VERSION, TRAINER_KIND
 from madqn.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

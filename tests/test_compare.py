@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from madqn.rating import expected_score
+from madqn.evaluation.rating import expected_score
 from helpers import read_csv, run_madqn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,7 +177,7 @@ def test_rerun_keeps_finished_runs_and_reuses_evaluations(compared):
 def test_unfinished_runs_resume_and_mismatched_configs_are_refused(compared, tmp_path):
     tmp, out, _ = compared
     # a run stopped at step 150 (its checkpoint) continues to 300; the other runs are kept
-    from madqn.compare import CompareSettings, plan_runs, train_command
+    from madqn.evaluation.compare import CompareSettings, plan_runs, train_command
     from madqn.config import make_config
 
     cfg = make_config(out / "config.toml")
@@ -200,7 +200,7 @@ def test_ctrl_c_stops_the_comparison_with_checkpoints(tmp_path):
     import signal
     import time
 
-    from madqn.compare import CompareSettings, plan_runs
+    from madqn.evaluation.compare import CompareSettings, plan_runs
     from madqn.config import make_config
 
     out = tmp_path / "cmp"

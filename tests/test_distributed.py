@@ -1,4 +1,4 @@
-"""Distributed acting (madqn.distributed): Ape-X epsilons, Ray actors feeding the DQN3.0 learner.
+"""Distributed acting (madqn.training.distributed): Ape-X epsilons, Ray actors feeding the DQN3.0 learner.
 
 The Ray tests start a real local Ray instance (2 CPUs) and play tests/tiny_catch.py (uint8 vectors).
 """
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from madqn.config import Config
-from madqn.distributed import DistributedTrainer, apex_epsilons
-from madqn.runner import Hook, Trainer
+from madqn.training.distributed import DistributedTrainer, apex_epsilons
+from madqn.training.trainer import Hook, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CATCH = f"{ROOT / 'tests' / 'tiny_catch.py'}:make"
@@ -123,7 +123,7 @@ def test_killed_ray_actor_is_replaced_and_nothing_is_counted_twice(capfd):
         assert killer.killed_pid is not None
         # the kill restarts actor 0 at least once; on a loaded machine Ray may also rebuild an actor after a
         # dropped connection (seen under load: 3 restarts), which must likewise count nothing twice
-        assert trainer.actor_restarts >= 1
+        assert trainer.acting.actor_restarts >= 1
         assert trainer.step >= cfg.steps
         assert killer.new_pid != killer.killed_pid  # Ray restarted actor 0 in a new process
         assert trainer.pool.pids()[0] == killer.new_pid
@@ -131,7 +131,7 @@ def test_killed_ray_actor_is_replaced_and_nothing_is_counted_twice(capfd):
         g = trainer.groups[0]
         # every received entry stored exactly once (the newest entry of each stream is held back until its
         # successor arrives; the lost actor's held entries were stored as truncated final frames)
-        assert len(g.replay) == trainer.received_entries - len(trainer.held)
+        assert len(g.replay) == trainer.received_entries - len(trainer.acting.held)
         assert g.updates > 0
     finally:
         trainer.close()
@@ -163,6 +163,40 @@ def test_cli_ray_backend_trains_and_writes_the_local_run_directory(tmp_path, mad
     config = (runs["ray"] / "config.toml").read_text()
     assert 'backend = "ray"' in config and "actors = 2" in config
     assert not ray_processes()
+
+
+def test_resumed_ray_run_with_saved_replay_ends_the_interrupted_episodes(tmp_path):
+    """B3: the actors of a resumed Ray run start fresh episodes, so every replay stream must end its
+    interrupted episode (at the newest frame the learner received) before new frames arrive; the streams
+    were left open and the next episode's frames were stacked onto the old ones."""
+    from madqn.api import _restore
+    from madqn.training.checkpoint import atomic_save, replay_state, safe_load, trainer_state
+
+    # 30-step batches end mid-episode (episodes last 5 steps); the replay (1000 per stream) never wraps
+    cfg = Config(**{**TINY, "replay_memory": 2000, "rollout_len": 30}, steps=90, actors=2, sharing="independent",
+                 save_replay=True)
+    first = DistributedTrainer(cfg, pool="inline")
+    try:
+        first.run()
+        ckpt = tmp_path / "checkpoints"
+        ckpt.mkdir()
+        atomic_save(replay_state(first), ckpt / "replay.pt")
+        atomic_save(trainer_state(first), ckpt / "latest.pt")
+        open_streams = {(g.name, s) for g in first.groups for s in range(g.replay.n_streams)
+                        if g.replay.written[s] and not g.replay.episode_end[s, g.replay.written[s] - 1]}
+    finally:
+        first.close()
+    assert open_streams  # the interruption falls inside episodes
+    resumed = DistributedTrainer(cfg.replace(steps=200), pool="inline")
+    try:
+        _restore(resumed, safe_load(ckpt / "latest.pt"), ckpt / "latest.pt", tmp_path)
+        for g in resumed.groups:
+            for s in range(g.replay.n_streams):
+                n = int(g.replay.written[s])
+                assert n > 0 and g.replay.episode_end[s, n - 1], (g.name, s)
+                assert not g.replay.terminal[s, n - 1] or (g.name, s) not in open_streams  # a truncation
+    finally:
+        resumed.close()
 
 
 def test_replay_memory_is_split_over_all_actors_copies():

@@ -1,4 +1,4 @@
-"""madqn.env: env specs, observation conversion (images, vectors, masks) and the parallel/AEC adapters."""
+"""madqn.envs.adapters: env specs, observation conversion (images, vectors, masks) and the parallel/AEC adapters."""
 
 import functools
 import sys
@@ -13,7 +13,7 @@ from pettingzoo import ParallelEnv
 import madqn
 from madqn.cli import main as cli_main
 from madqn.config import Config
-from madqn.env import AECAdapter, ObservationSpec, ParallelAdapter, make_env, observation_spec
+from madqn.envs.adapters import AECAdapter, ObservationSpec, ParallelAdapter, make_env, observation_spec
 from madqn.errors import MadqnError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,6 +243,7 @@ def test_shared_spaces_error_names_agents_and_spaces(tmp_path):
 
 
 def test_example_env_modules_import_by_path():
-    factory = madqn.env.load_env_factory(str(ROOT / "envs" / "catch.py") + ":make_env")
-    assert factory is madqn.env.load_env_factory(str(ROOT / "envs" / "catch.py") + ":make_env")  # imported once
+    factory = madqn.envs.adapters.load_env_factory(str(ROOT / "envs" / "catch.py") + ":make_env")
+    again = madqn.envs.adapters.load_env_factory(str(ROOT / "envs" / "catch.py") + ":make_env")
+    assert factory is again  # imported once
     assert isinstance(factory(), ParallelEnv)

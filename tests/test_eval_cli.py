@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from madqn.cli import main
-from madqn.checkpoint import safe_load
+from madqn.training.checkpoint import safe_load
 from helpers import read_csv, run_madqn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

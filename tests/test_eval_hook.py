@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from madqn.checkpoint import safe_load
+from madqn.training.checkpoint import safe_load
 from madqn.config import make_config
-from madqn.eval_hook import draw_validation_set, validation_statistics
-from madqn.runner import Trainer
+from madqn.evaluation.eval_hook import draw_validation_set, validation_statistics
+from madqn.training.trainer import Trainer
 from helpers import read_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_best_checkpoint_and_resume(tmp_path):
     """Complete episodes: best.pt holds the best evaluation; a resumed run drops rows after its checkpoint
     and keeps the best score found before."""
     import madqn
-    import madqn.runner
+    import madqn.training.trainer
 
     kw = dict(steps=160, learn_start=40, sharing="shared", num_threads=1, seed=2, max_cycles=20, eval_freq=40,
               eval_steps=80, valid_size=10, final_eval_episodes=0, save_freq=80)
@@ -99,7 +99,7 @@ def test_best_checkpoint_and_resume(tmp_path):
     # a crash after step 80's checkpoint: latest.pt is back at step 80 while eval.csv goes on to 160
     import shutil
 
-    class KeepCheckpoint(madqn.runner.Hook):
+    class KeepCheckpoint(madqn.training.trainer.Hook):
         def on_step(self, trainer):
             if trainer.step == 80:
                 shutil.copy(tmp_path / "run2" / "checkpoints" / "latest.pt", tmp_path / "step80.pt")

@@ -11,10 +11,10 @@ import pytest
 from pettingzoo.test import api_test, parallel_api_test
 
 import madqn
-from madqn.checkpoint import safe_load
+from madqn.training.checkpoint import safe_load
 from madqn.config import make_config
-from madqn.metrics import MetricsHook
-from madqn.runner import Trainer
+from madqn.training.metrics import MetricsHook
+from madqn.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "envs"))
@@ -193,7 +193,7 @@ def check_gridrace_streams(trainer, run_dir, max_steps=30):
     arrivals = []
     for g in trainer.groups:
         for agent in g.agents:
-            stream = trainer.slots[(0, agent)].stream
+            stream = trainer.learners.stream(agent, 0)
             logged = [r for r in rows if r["agent"] == agent and int(r["length"]) > 0]
             episodes = stream_episodes(g.replay, stream)
             # the episode still running at the end of training is not logged, but may be over for this runner

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import madqn
-from madqn.checkpoint import AGENTS_KIND, safe_load
+from madqn.training.checkpoint import AGENTS_KIND, safe_load
 from madqn.cli import main
 from madqn.config import make_config
-from madqn.env import make_env
+from madqn.envs.adapters import make_env
 from madqn.errors import CheckpointError
-from madqn.export import export_agents
+from madqn.cli.export import export_agents
 from helpers import run_madqn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def test_export_cli_then_eval_and_video_load_the_file(runs, tmp_path, capsys):
     assert main(["export", str(runs["shared"]), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"wrote {out}: 6.8 MB" in printed and "step 120" in printed
-    from madqn.commands import madqn_command  # the follow-up commands run as printed, also off PATH
+    from madqn.cli.commands import madqn_command  # the follow-up commands run as printed, also off PATH
 
     assert f"play it: {madqn_command('eval', out, '--opponent', 'random')}; {madqn_command('video', out)}" in printed
     assert main(["eval", str(out), "--opponent", "random", "--episodes", "2"]) == 0

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from madqn.learner import DQN3RMSprop, Learner, lr_at, q_targets
-from madqn.networks import DQN3ConvNet, MLPQNetwork
+from madqn.core.learner import DQN3RMSprop, Learner, lr_at, q_targets
+from madqn.core.networks import DQN3ConvNet, MLPQNetwork
 
 torch.set_num_threads(1)
 

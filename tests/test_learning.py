@@ -89,30 +89,30 @@ AEC_GRIDRACE = dict(steps=7_000, learn_start=170, target_q=170, ep_endt=1_700, n
 
 def test_mlp_learns_gridrace_turn_by_turn(tmp_path):
     """Default suite: the AEC version (agents finish at different times, one joins late), ~20 s of CPU."""
-    factory = madqn.env.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_aec_env")
+    factory = madqn.envs.adapters.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_aec_env")
     check_gridrace(madqn.train(factory, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run",
                                **AEC_GRIDRACE), factory)
 
 
 @pytest.mark.slow
 def test_mlp_learns_gridrace_parallel_independent(tmp_path):
-    factory = madqn.env.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_env")
+    factory = madqn.envs.adapters.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_env")
     check_gridrace(madqn.train(factory, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run",
                                sharing="independent"), factory)
 
 
 def _small():
-    return madqn.env.load_env_factory(str(ROOT / "envs" / "catch.py") + ":make_small_env")
+    return madqn.envs.adapters.load_env_factory(str(ROOT / "envs" / "catch.py") + ":make_small_env")
 
 
 def _full():
-    return madqn.env.load_env_factory(str(ROOT / "envs" / "catch.py") + ":make_env")
+    return madqn.envs.adapters.load_env_factory(str(ROOT / "envs" / "catch.py") + ":make_env")
 
 
 # ---- one shared screen: each agent must find its own paddle (envs/shared_catch.py) -------------------
 
 def _shared_catch():
-    return madqn.env.load_env_factory(str(ROOT / "envs" / "shared_catch.py") + ":make_env")
+    return madqn.envs.adapters.load_env_factory(str(ROOT / "envs" / "shared_catch.py") + ":make_env")
 
 
 @pytest.fixture(scope="module")
@@ -199,13 +199,13 @@ def test_conv_stack_learns_catch_from_rgb_images_bf16(tmp_path):
 
 @pytest.mark.slow
 def test_mlp_learns_gridrace_turn_by_turn_bf16(tmp_path):
-    factory = madqn.env.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_aec_env")
+    factory = madqn.envs.adapters.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_aec_env")
     check_gridrace(madqn.train(factory, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run",
                                precision="bf16", **AEC_GRIDRACE), factory)
 
 
 @pytest.mark.slow
 def test_mlp_learns_gridrace_parallel_independent_bf16(tmp_path):
-    factory = madqn.env.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_env")
+    factory = madqn.envs.adapters.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_env")
     check_gridrace(madqn.train(factory, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run",
                                sharing="independent", precision="bf16"), factory)

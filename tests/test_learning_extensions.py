@@ -56,7 +56,7 @@ ENVS = {
 def train_until_pass(env, tmp_path, **overrides):
     """Train with the env's config and ``overrides`` until the pass rule holds; the agent steps it took."""
     spec, config, every, rule = ENVS[env]
-    factory = madqn.env.load_env_factory(str(ROOT / "envs" / spec))
+    factory = madqn.envs.adapters.load_env_factory(str(ROOT / "envs" / spec))
     hook = StepsToPass(factory, every, rule)
     result = madqn.train(factory, ROOT / "configs" / config, run_dir=tmp_path / "run", hooks=[hook],
                          handle_signals=False, **overrides)

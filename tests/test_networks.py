@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from madqn.networks import DQN3ConvNet, MLPQNetwork, build_q_network
+from madqn.core.networks import DQN3ConvNet, MLPQNetwork, build_q_network
 
 torch.set_num_threads(1)
 

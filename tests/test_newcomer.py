@@ -16,10 +16,10 @@ import pytest
 
 import madqn
 from madqn.api import final_eval_budget
-from madqn.commands import madqn_program, tensorboard_command
+from madqn.cli.commands import madqn_program, tensorboard_command
 from madqn.config import Config
-from madqn.progress import EvalProgress, WindowRate, eval_eta
-from madqn.runner import resolve_threads
+from madqn.training.progress import EvalProgress, WindowRate, eval_eta
+from madqn.training.trainer import resolve_threads
 from helpers import read_csv, run_madqn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_live_bar_shows_the_windowed_rate(monkeypatch):
     """The tqdm bar's rate (and so its ETA) is the last 15 s's: 4 steps/s after a fast phase, not tqdm's average."""
     import io
 
-    from madqn import progress
+    from madqn.training import progress
 
     now = [0.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
@@ -120,7 +120,7 @@ def test_plain_progress_never_stays_silent_for_a_minute(monkeypatch):
     4 steps/s with prog_freq 10000 would otherwise print once in 40 minutes)."""
     import io
 
-    from madqn import progress
+    from madqn.training import progress
 
     now = [0.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
@@ -238,7 +238,7 @@ def test_one_episode_eval_with_a_video_of_an_env_without_render(catch_run, tmp_p
 
 def test_env_without_render_nor_images_is_one_line():
     from madqn.errors import MadqnError
-    from madqn.video import FrameSource
+    from madqn.evaluation.video import FrameSource
 
     class Vectors:
         possible_agents = ["a"]
@@ -261,7 +261,7 @@ def _fake_run(path, sharing, seed):
 
 
 def test_one_colour_per_variant_in_plot_and_compare(tmp_path, monkeypatch):
-    from madqn import plot, report
+    from madqn.evaluation import plot, report
 
     shared = [_fake_run(tmp_path / f"shared-s{s}", "shared", s) for s in (1, 2)]
     independent = [_fake_run(tmp_path / f"independent-s{s}", "independent", s) for s in (1, 2)]
@@ -292,6 +292,6 @@ def test_env_typo_suggests_only_close_games_in_one_short_line(tmp_path):
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(err) == 1 and len(err[0]) < 200, err
     assert "did you mean 'pong_v3'?" in err[0] and "boxing_v2" not in err[0]
-    from madqn.atari import close_games
+    from madqn.envs.atari import close_games
 
     assert close_games("boxng_v2") == ["boxing_v2"] and close_games("breakout_v5") == []

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import numpy as np
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
-from madqn.config import make_config
-from madqn.runner import Trainer
+from madqn.evaluation.agents import Agents
+from madqn.config import Config, make_config
+from madqn.training.trainer import Hook, Trainer
 
 from test_train import SMOKE
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_overlap_keeps_the_update_ratio_and_target_syncs():
@@ -24,11 +29,11 @@ def test_overlap_keeps_the_update_ratio_and_target_syncs():
         g = trainer.groups[0]
         # (160 - 100) / 4 = 15 rounds, all done when run() returns; a sync after the rounds of steps
         # 40, 80, 120 and 160, i.e. after 0, 0, 5 and 15 updates, the serial loop's sequence
-        assert g.updates == 15 and len(g.stats) == 15
+        assert g.updates == 15 and g.update_stats.count == 15
         assert syncs == [0, 0, 5, 15]
-        assert all(np.isfinite(float(s["abs_delta"])) for s in g.stats)
+        assert all(g.update_stats.finite_flags())
         # the acting snapshot was refreshed after the last round
-        for p, q in zip(trainer.policy.networks[0].parameters(), learner.online_network.parameters()):
+        for p, q in zip(trainer.acting.policy.networks[0].parameters(), learner.online_network.parameters()):
             assert torch.equal(p, q)
 
 
@@ -42,3 +47,35 @@ def test_background_learner_error_reaches_the_actor():
         with pytest.raises(RuntimeError, match="background learner failed.*nan in the update"):
             trainer.run()
         assert trainer.step < 200
+
+
+class PlaysAVideo(Hook):
+    """At step ``at`` takes the networks a training video plays (``Agents.from_trainer``, as ``VideoHook``
+    does), and copies their weights at the start of the "video" and after it played for a while."""
+
+    def __init__(self, at: int):
+        self.at = at
+        self.start = self.end = None
+
+    def on_step(self, trainer):
+        if trainer.step == self.at:
+            agents = Agents.from_trainer(trainer, seed=0)
+            network = agents.networks[trainer.agents[0]]
+            self.start = [p.detach().clone() for p in network.parameters()]
+            time.sleep(0.3)  # the episode being recorded
+            self.end = [p.detach().clone() for p in network.parameters()]
+
+
+def test_overlap_video_plays_one_set_of_weights():
+    """B5: a video recorded in overlap mode between two of the hooks' own settling points (prog_freq,
+    save_freq, eval_freq) plays settled weights, not weights the learner thread is changing."""
+    cfg = Config(env=f"{ROOT / 'tests' / 'tiny_catch.py'}:make", steps=64, learn_start=50, update_freq=4,
+                 n_replay=100, minibatch_size=32, target_q=0, prog_freq=1000, save_freq=1000, eval_freq=0,
+                 valid_size=0, hist_len=2, mlp_hidden=[64], device="cpu", num_threads=1, overlap=True,
+                 sharing="shared", seed=1)
+    video = PlaysAVideo(at=64)  # a round of 100 updates was queued in this step
+    with Trainer(cfg, hooks=[video]) as trainer:
+        trainer.run()
+    assert video.start is not None
+    for a, b in zip(video.start, video.end):
+        assert torch.equal(a, b)

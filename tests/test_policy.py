@@ -1,16 +1,16 @@
-"""madqn.policy: batched acting over stacked independent networks equals per-agent forwards."""
+"""madqn.core.policy: batched acting over stacked independent networks equals per-agent forwards."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from madqn.actor import epsilon_greedy
+from madqn.core.actor import epsilon_greedy
 from madqn.config import make_config
-from madqn.learner import DQN3RMSprop
-from madqn.networks import DQN3ConvNet, MLPQNetwork
-from madqn.policy import ActingNetworks, StackedNetworks
-from madqn.runner import Trainer
+from madqn.core.learner import DQN3RMSprop
+from madqn.core.networks import DQN3ConvNet, MLPQNetwork
+from madqn.core.policy import ActingNetworks, StackedNetworks
+from madqn.training.trainer import Trainer
 
 from test_train import SMOKE
 
@@ -96,18 +96,18 @@ def test_stacked_rebinds_parameters_replaced_from_outside():
 def test_trainer_independent_acting_uses_one_stacked_forward():
     cfg = make_config(SMOKE, {"sharing": "independent", "num_envs": 2, "vector_env": "inline", "seed": 4})
     with Trainer(cfg) as trainer:
-        assert trainer.policy.stacked is not None and trainer.policy.stacked.is_bound()
+        assert trainer.acting.policy.stacked is not None and trainer.acting.policy.stacked.is_bound()
         rng = np.random.default_rng(3)
-        for slot in trainer.slots.values():
+        for slot in trainer.acting.slots.values():
             slot.history.frames[:] = rng.integers(0, 256, size=slot.history.frames.shape, dtype=np.uint8)
-        slots = list(trainer.slots.values())
+        slots = list(trainer.acting.slots.values())
         calls = []
-        original = trainer.policy._stacked_q
-        trainer.policy._stacked_q = lambda x, g: calls.append(len(g)) or original(x, g)
-        actions = trainer.act(slots, epsilon=0.0)
+        original = trainer.acting.policy._stacked_q
+        trainer.acting.policy._stacked_q = lambda x, g: calls.append(len(g)) or original(x, g)
+        actions = trainer.acting.act(slots, epsilon=0.0)
         assert calls == [4]  # all 4 slots (2 agents x 2 copies) in one vmapped forward
         with torch.no_grad():
-            expected = [int(trainer.group_of[s.agent].learner.online_network(
+            expected = [int(trainer.learners.group_of[s.agent].learner.online_network(
                 torch.from_numpy(s.history.state()[None]))[0].argmax()) for s in slots]
         assert actions.tolist() == expected
 
@@ -122,12 +122,12 @@ def test_independent_agents_with_different_observation_shapes_act_greedily_toget
                              "update_freq": 4, "target_q": 50, "prog_freq": 1_000, "save_freq": 10_000,
                              "valid_size": 0, "device": "cpu", "seed": 2})
     with Trainer(cfg, make_heterogeneous) as trainer:
-        assert [trainer.slots[(0, a)].history.state().shape for a in ("left", "right")] == [(2, 25), (2, 26)]
+        assert [trainer.acting.slots[(0, a)].history.state().shape for a in ("left", "right")] == [(2, 25), (2, 26)]
         trainer.run()  # from step 200 on epsilon is 0: both agents act greedily in every step
         assert trainer.step == 300 and all(g.updates > 0 for g in trainer.groups)
-        slots = [trainer.slots[(0, a)] for a in ("left", "right")]
-        actions = trainer.act(slots, epsilon=0.0)
+        slots = [trainer.acting.slots[(0, a)] for a in ("left", "right")]
+        actions = trainer.acting.act(slots, epsilon=0.0)
         with torch.no_grad():
-            expected = [int(trainer.group_of[s.agent].learner.online_network(
+            expected = [int(trainer.learners.group_of[s.agent].learner.online_network(
                 torch.from_numpy(s.history.state()[None]))[0].argmax()) for s in slots]
         assert actions.tolist() == expected

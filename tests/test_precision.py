@@ -12,10 +12,10 @@ import copy
 import pytest
 import torch
 
-import madqn.learner
+import madqn.core.learner
 from madqn import cli
-from madqn.learner import Learner, cuda_fp32_precision, describe_precision
-from madqn.networks import DQN3ConvNet
+from madqn.core.learner import Learner, cuda_fp32_precision, describe_precision
+from madqn.core.networks import DQN3ConvNet
 from helpers import ROOT
 
 LR = 2.5e-4
@@ -87,7 +87,7 @@ def test_cpu_update_never_touches_the_cuda_switches(monkeypatch):
     def refuse(mode):
         raise AssertionError("cuda_fp32_precision entered on CPU")
 
-    monkeypatch.setattr(madqn.learner, "cuda_fp32_precision", refuse)
+    monkeypatch.setattr(madqn.core.learner, "cuda_fp32_precision", refuse)
     torch.manual_seed(0)
     for precision in ("fp32", "bf16"):
         _update(DQN3ConvNet(6, 4, n_agents=2), precision, _batch(0, batch=4))
@@ -137,7 +137,8 @@ def test_on_cuda_the_update_asks_for_ieee_fp32_or_tf32_by_precision(monkeypatch)
     """The dispatch only (no GPU here): a learner on a CUDA device enters cuda_fp32_precision with 'ieee'
     for fp32 and 'tf32' for bf16."""
     seen = []
-    monkeypatch.setattr(madqn.learner, "cuda_fp32_precision", lambda mode: seen.append(mode) or contextlib.nullcontext())
+    monkeypatch.setattr(madqn.core.learner, "cuda_fp32_precision",
+                        lambda mode: seen.append(mode) or contextlib.nullcontext())
     for precision in ("fp32", "bf16"):
         learner = Learner(DQN3ConvNet(6), lr=LR, lr_end=LR, lr_endt=1, learn_start=0, discount=0.99, clip_delta=1.0,
                           rescale_r=True, r_max=1.0, weight_cost=0.0, device="cpu", precision=precision)

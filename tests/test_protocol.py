@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import madqn
-from madqn.agents import load_agents
+from madqn.evaluation.agents import load_agents
 from madqn.config import make_config
-from madqn.env import make_env
-from madqn.protocol import (CROSS, RANDOM, RANDOM_VS_RANDOM, VS_RANDOM, Player, cross_play, cross_settings, games,
-                            random_baseline, record, score_summary, self_play, vs_random)
-from madqn.stats import side_outcome
+from madqn.envs.adapters import make_env
+from madqn.evaluation.protocol import (CROSS, RANDOM, RANDOM_VS_RANDOM, VS_RANDOM, Player, cross_play, cross_settings,
+                                       games, random_baseline, record, score_summary, self_play, vs_random)
+from madqn.evaluation.stats import side_outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.toml"

@@ -1,4 +1,4 @@
-"""Golden tables for the replay memory (DQN3.0 TransitionTable semantics, see madqn/replay.py).
+"""Golden tables for the replay memory (DQN3.0 TransitionTable semantics, see madqn/core/replay.py).
 
 Frames are filled with a value that encodes their entry (index + 1, so 0 means zero padding), so
 every stacked state can be read back as a list of entry numbers and compared exactly. Randomised
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from madqn.replay import ReplayMemory
+from madqn.core.replay import ReplayMemory
 
 T, U = "terminal", "truncated"  # how a hand-laid episode ends (None: still running)
 
@@ -377,7 +377,7 @@ def test_allocated_bytes_match_formula():
 def test_replay_nbytes_equals_the_arrays_of_a_full_memory(masks, prioritized, frame_shape, dtype):
     """The byte estimate made before allocating equals what a full memory really holds, counted here
     array by array (every entry of every stream written, the write counters, masks, the sum-tree)."""
-    from madqn.replay import replay_nbytes
+    from madqn.core.replay import replay_nbytes
 
     mem = ReplayMemory(7, frame_shape, 2, n_streams=3, frame_dtype=dtype, n_actions=4,
                        store_action_masks=masks, prioritized=prioritized)
@@ -397,7 +397,7 @@ def test_replay_nbytes_equals_the_arrays_of_a_full_memory(masks, prioritized, fr
 
 
 def test_stream_capacity_splits_an_agents_budget():
-    from madqn.replay import stream_capacity
+    from madqn.core.replay import stream_capacity
 
     assert [stream_capacity(1_000_000, n) for n in (1, 8, 16)] == [1_000_000, 125_000, 62_500]
     assert stream_capacity(1_000, 3) == 333  # the remainder (1 entry) is not allocated

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import madqn
-from madqn.checkpoint import REPLAY_KIND, safe_load
+from madqn.training.checkpoint import REPLAY_KIND, safe_load
 from madqn.errors import ConfigError, MadqnError
 from helpers import read_csv  # noqa: E402
 
@@ -162,11 +162,11 @@ def test_kill_9_while_writing_a_checkpoint_keeps_the_previous_one(madqn_cli, tmp
 def test_episode_ending_right_after_the_checkpoint_is_reported_once(tmp_path, monkeypatch):
     """An episode row carries the step its last step began at: with a checkpoint at step 149 the
     episode ending in step 149 -> 150 has step 149 but is not in the checkpoint (trimmed by episode)."""
-    import madqn.checkpoint
+    import madqn.training.checkpoint
 
     run = tmp_path / "run"
     monkeypatch.setenv("MADQN_FAULT", "checkpoint_write:2:enospc")  # the final checkpoint (step 160) fails
-    monkeypatch.setattr(madqn.checkpoint, "_checkpoint_writes", 0)
+    monkeypatch.setattr(madqn.training.checkpoint, "_checkpoint_writes", 0)
     with pytest.raises(MadqnError, match="cannot write the checkpoint of step 160"):
         madqn.train("pong_v3", SMOKE, run_dir=run, steps=160, save_freq=149, num_threads=1, handle_signals=False)
     assert latest(run)["step"] == 149 and latest(run)["episodes"] == 0

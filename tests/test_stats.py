@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from madqn.errors import MadqnError
-from madqn.rating import expected_score, fit_ratings
-from madqn.stats import (DRAW, LOSS, WIN, Record, placement, regularized_beta, side_outcome, summarize, t_cdf,
-                         t_quantile, tally)
+from madqn.evaluation.rating import expected_score, fit_ratings
+from madqn.evaluation.stats import (DRAW, LOSS, WIN, Record, mean_confidence_interval, placement, regularized_beta,
+                                    side_outcome, t_cdf, t_quantile, tally)
 
 
 # ---- Student t ----------------------------------------------------------------------------------
@@ -45,28 +45,30 @@ def test_regularized_beta_closed_forms():
 
 def test_summary_hand_computed():
     # 1..5: mean 3, sample variance 2.5, se sqrt(2.5 / 5) = 0.70711, t_{0.975, 4} = 2.77645
-    s = summarize([1, 2, 3, 4, 5])
+    s = mean_confidence_interval([1, 2, 3, 4, 5])
     assert (s.n, s.mean) == (5, 3.0)
     assert s.std == pytest.approx(math.sqrt(2.5))
     assert s.half_width == pytest.approx(2.776445 * math.sqrt(0.5), abs=1e-5)
     assert (s.ci_low, s.ci_high) == pytest.approx((3 - 1.963243, 3 + 1.963243), abs=1e-5)
     assert s.format() == "3.00 ± 1.96"
     # a 90% interval is narrower: t_{0.95, 4} = 2.13185
-    assert summarize([1, 2, 3, 4, 5], 0.90).half_width == pytest.approx(2.131847 * math.sqrt(0.5), abs=1e-5)
+    narrower = mean_confidence_interval([1, 2, 3, 4, 5], 0.90)
+    assert narrower.half_width == pytest.approx(2.131847 * math.sqrt(0.5), abs=1e-5)
 
 
 def test_summary_small_samples():
-    assert summarize([]).n == 0 and math.isnan(summarize([]).mean) and summarize([]).format() == "-"
-    one = summarize([4.0])
+    empty = mean_confidence_interval([])
+    assert empty.n == 0 and math.isnan(empty.mean) and empty.format() == "-"
+    one = mean_confidence_interval([4.0])
     assert one.mean == 4.0 and math.isnan(one.std) and math.isnan(one.half_width) and one.format() == "4.00"
-    same = summarize([2.0, 2.0, 2.0])
+    same = mean_confidence_interval([2.0, 2.0, 2.0])
     assert same.std == 0.0 and same.ci_low == same.ci_high == 2.0
 
 
 def test_summary_coverage_of_normal_samples():
     """About 95% of 95% intervals of 10 normal draws cover the true mean (2000 trials: 93.5%..96.5%)."""
     rng = np.random.default_rng(0)
-    covered = sum(summarize(rng.normal(1.0, 3.0, 10)).covers(1.0) for _ in range(2000))
+    covered = sum(mean_confidence_interval(rng.normal(1.0, 3.0, 10)).covers(1.0) for _ in range(2000))
     assert 0.935 <= covered / 2000 <= 0.965
 
 

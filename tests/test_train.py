@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import madqn
-from madqn.checkpoint import safe_load
+from madqn.training.checkpoint import safe_load
 from madqn.config import make_config
-from madqn.runner import Trainer
+from madqn.training.trainer import Trainer
 from helpers import read_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,10 +57,11 @@ def test_cli_train_pong_does_gradient_updates(tmp_path, sharing):
 def run_short(seed, **overrides):
     cfg = make_config(SMOKE, {"seed": seed, "steps": 200, "sharing": "shared", **overrides})
     trainer = Trainer(cfg)
+    g = trainer.groups[0]
+    stats, update = [], g.learner.update
+    g.learner.update = lambda *a, **k: (lambda out: stats.append(float(out["abs_delta"])) or out)(update(*a, **k))
     trainer.run()
     trainer.close()
-    g = trainer.groups[0]
-    stats = [float(s["abs_delta"]) for s in g.stats]
     replay = g.replay.state_dict()
     params = [p.detach().clone() for p in g.learner.online_network.parameters()]
     return stats, replay, params

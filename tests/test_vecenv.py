@@ -1,4 +1,4 @@
-"""madqn.vecenv: env copies in worker processes give the transitions of the inline copies; crashes are errors."""
+"""madqn.envs.vecenv: env copies in worker processes give the transitions of the inline copies; crashes are errors."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from madqn.config import make_config
-from madqn.env import make_env
-from madqn.runner import Trainer
-from madqn.vecenv import EnvWorkerError, WorkerEnv, make_envs
+from madqn.envs.adapters import make_env
+from madqn.training.trainer import Trainer
+from madqn.envs.vecenv import EnvWorkerError, WorkerEnv, make_envs
 
 from test_train import SMOKE
 
@@ -84,7 +84,7 @@ def test_trainer_with_worker_envs_stores_the_inline_transitions():
             trainer.run()
             runs.append(trainer)
     inline, process = runs
-    assert isinstance(process.envs[0], WorkerEnv) and not isinstance(inline.envs[0], WorkerEnv)
+    assert isinstance(process.acting.envs[0], WorkerEnv) and not isinstance(inline.acting.envs[0], WorkerEnv)
     for g_in, g_pr in zip(inline.groups, process.groups):
         assert g_in.updates == g_pr.updates == 120 // 4 - 88 // 4
         a, b = g_in.replay.state_dict(), g_pr.replay.state_dict()

@@ -125,7 +125,7 @@ def test_progress_on_a_terminal_is_a_live_bar(tmp_path):
 def test_progress_plain_mode_prints_every_n_and_a_final_line():
     import io
 
-    from madqn.progress import Progress
+    from madqn.training.progress import Progress
 
     out = io.StringIO()
     calls = []
@@ -149,7 +149,7 @@ def test_progress_plain_mode_prints_every_n_and_a_final_line():
 def test_progress_bar_mode_writes_tqdm_bar_with_fields():
     import io
 
-    from madqn.progress import Progress
+    from madqn.training.progress import Progress
 
     out = io.StringIO()
     p = Progress(40, every=10, out=out, tty=True, refresh_s=0.0)
@@ -273,8 +273,8 @@ def test_record_episodes_writes_every_rendered_screen_and_stops_at_episode_ends(
     """Episodes truncated by the env (max_cycles 12) end the recording's episode: 13 frames each, and the
     GIF (exact palette) holds every rendered screen, scaled x2 under the caption bar, in order."""
     from madqn.config import make_config
-    from madqn.env import make_env
-    from madqn.video import record_episodes
+    from madqn.envs.adapters import make_env
+    from madqn.evaluation.video import record_episodes
 
     env = RenderLog(make_env("pong_v3", make_config(SMOKE, {"max_cycles": 12}), seed=0))
     rng = np.random.default_rng(0)
@@ -319,9 +319,9 @@ def test_video_and_plot_errors_are_one_line(trained, madqn_cli, tmp_path, capsys
 
 def test_video_hook_refuses_an_env_instance(tmp_path):
     import madqn
-    from madqn.atari import AtariEnv
+    from madqn.envs.atari import AtariEnv
     from madqn.errors import MadqnError
-    from madqn.video import as_rgb
+    from madqn.evaluation.video import as_rgb
 
     with pytest.raises(MadqnError, match="not an env instance"):
         madqn.train(AtariEnv("pong_v3", max_cycles=50), SMOKE, run_dir=tmp_path / "r", steps=10, video_freq=5)
@@ -335,11 +335,11 @@ def test_video_hook_refuses_an_env_instance(tmp_path):
 def shared_run(tmp_path_factory):
     """(trainer, checkpoint, TensorBoard dir) of an in-process shared-network run (80 steps, 15 updates) whose
     extra hook publishes a validation scalar every 40 steps."""
-    from madqn.checkpoint import atomic_save, trainer_state
+    from madqn.training.checkpoint import atomic_save, trainer_state
     from madqn.config import make_config
-    from madqn.metrics import MetricsHook
-    from madqn.runner import Hook, Trainer
-    from madqn.tensorboard import TensorBoardHook
+    from madqn.training.metrics import MetricsHook
+    from madqn.training.trainer import Hook, Trainer
+    from madqn.training.tensorboard import TensorBoardHook
 
     class FakeValidation(Hook):
         def on_step(self, trainer):
@@ -360,8 +360,8 @@ def test_checkpoint_policy_plays_exactly_like_the_trainers_networks(shared_run):
     """Shared network with agent indicator: the rebuilt policy gives the trainer's Q-values and greedy actions."""
     import torch
 
-    from madqn.agents import Agents, load_agents, load_checkpoint
-    from madqn.env import make_env
+    from madqn.evaluation.agents import Agents, load_agents, load_checkpoint
+    from madqn.envs.adapters import make_env
 
     trainer, checkpoint, _ = shared_run
     assert trainer.groups[0].updates == 15
@@ -419,7 +419,7 @@ def write_run(run_dir, seed, sharing, episodes):
 def test_seeds_of_a_variant_are_averaged_with_a_band(tmp_path):
     """Three seeds with score = k * step / 100 (k = 1, 2, 3): mean 2 * step / 100, band 1x..3x; a fourth
     run (shared) is its own variant."""
-    from madqn.plot import find_runs, learning_curves_figure
+    from madqn.evaluation.plot import find_runs, learning_curves_figure
 
     for k in (1, 2, 3):
         write_run(tmp_path / "runs" / f"ind-s{k}", k, "independent",
@@ -446,8 +446,8 @@ def test_seeds_of_a_variant_are_averaged_with_a_band(tmp_path):
 
 
 def test_smoothing_and_running_best_by_hand():
-    from madqn.plot import smooth
-    from madqn.summary import running_best
+    from madqn.evaluation.plot import smooth
+    from madqn.cli.summary import running_best
 
     np.testing.assert_allclose(smooth(np.array([1, 2, 3, 4, 5.0]), 2), [1, 1.5, 2.5, 3.5, 4.5])
     np.testing.assert_allclose(smooth(np.array([1, 2, 3, 4, 5.0]), 3), [1, 1.5, 2, 3, 4])
@@ -486,7 +486,7 @@ def test_train_ends_with_a_run_summary(trained):
 def test_plot_of_the_periodic_evaluations(tmp_path, madqn_cli):
     """`madqn plot --source eval` draws each seat's mean evaluation score (eval.csv) against the step;
     an evaluation with no finished episode is skipped."""
-    from madqn.plot import learning_curves_figure, load_run
+    from madqn.evaluation.plot import learning_curves_figure, load_run
 
     run_dir = tmp_path / "run"
     write_run(run_dir, 1, "shared", [(10, a, 0.0) for a in AGENTS])

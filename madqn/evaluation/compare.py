@@ -4,21 +4,21 @@ Steps (each resumable; a rerun of the same command redoes only what is missing):
 
 1. Training: for every variant (``shared``, ``independent``) and seed, ``OUT/runs/<variant>-s<seed>`` is
    trained for ``steps`` agent steps by a ``madqn train`` process (``jobs`` at a time), with periodic
-   evaluation (``madqn.eval_hook``). A run whose checkpoint reached ``steps`` is kept as it is; an
+   evaluation (``madqn.evaluation.eval_hook``). A run whose checkpoint reached ``steps`` is kept as it is; an
    unfinished one is resumed; one that never wrote a checkpoint is restarted.
-2. Evaluation (``madqn.protocol``, epsilon ``eval_ep``): every player (each run's final network and,
+2. Evaluation (``madqn.evaluation.protocol``, epsilon ``eval_ep``): every player (each run's final network and,
    with ``include_best``, its best periodic-evaluation network) in each seat against random others,
    ``episodes`` episodes per seat; the random-vs-random baseline on the same episode seeds; a round
    robin of cross-play among all players, ``h2h_episodes`` episodes per seat assignment (seats
    swapped). The rows of each finished match are cached in ``OUT/cache`` and reused by reruns.
 3. Results (``build_results``): pure functions of the raw rows and the runs' files, written by
-   ``madqn.report`` as ``report.md``, ``results.json``, CSV files and PNG plots.
+   ``madqn.evaluation.report`` as ``report.md``, ``results.json``, CSV files and PNG plots.
 
 Statistics: a variant's score against random is the mean over seeds of each run's mean episode
 score, with a Student-t 95% interval over seeds (seeds are the independent replicates; episodes of
 one run share its network). Head-to-head: the points per game (win 1, draw 1/2) of shared against
 independent in each seed pairing, mean and interval over pairings, and the pooled win/draw/loss
-counts. Ratings: ``madqn.rating.fit_ratings`` over every two-sided game played, random anchored at 0.
+counts. Ratings: ``madqn.evaluation.rating.fit_ratings`` over every two-sided game played, random anchored at 0.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def plan_runs(settings: CompareSettings) -> list[RunPlan]:
     key a resume could not change, and a run already longer than ``steps``.
     """
     from madqn.api import RESUME_SAFE_KEYS
-    from madqn.checkpoint import load_run_checkpoint
+    from madqn.training.checkpoint import load_run_checkpoint
 
     plans = []
     for variant in VARIANTS:
@@ -126,7 +126,7 @@ def plan_runs(settings: CompareSettings) -> list[RunPlan]:
 
 def _child_env() -> dict[str, str]:
     """Environment for ``madqn train`` children: the same madqn source as this process."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
@@ -223,7 +223,7 @@ def train_runs(settings: CompareSettings, plans: list[RunPlan], out: TextIO = sy
 
 def collect_players(settings: CompareSettings, plans: list[RunPlan]) -> list[PlayerSpec]:
     """Each run's final network and (``include_best``) its best one when it differs from the final."""
-    from madqn.checkpoint import safe_load
+    from madqn.training.checkpoint import safe_load
 
     players = []
     for plan in plans:
@@ -277,14 +277,14 @@ def _cache_path(settings: CompareSettings, key: dict[str, Any]) -> Path:
 
 def evaluate_players(settings: CompareSettings, players: list[PlayerSpec], out: TextIO = sys.stdout) -> list[dict]:
     """Play (or read from the cache) every match of ``match_jobs``; returns all raw rows."""
-    from madqn.agents import load_agents
-    from madqn.checkpoint import atomic_write_text
-    from madqn.env import make_env
+    from madqn.evaluation.agents import load_agents
+    from madqn.training.checkpoint import atomic_write_text
+    from madqn.envs.adapters import make_env
     import torch
 
-    from madqn.progress import EvalProgress
-    from madqn.protocol import Player, cross_play, cross_settings, random_baseline, vs_random
-    from madqn.runner import resolve_threads
+    from madqn.training.progress import EvalProgress
+    from madqn.evaluation.protocol import Player, cross_play, cross_settings, random_baseline, vs_random
+    from madqn.training.trainer import resolve_threads
 
     c = settings.config
     torch.set_num_threads(resolve_threads(c.num_threads)[0])
@@ -347,7 +347,7 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 def run_facts(plan: RunPlan) -> dict[str, Any]:
     """Budget and cost of one run from its checkpoint and metrics files."""
-    from madqn.checkpoint import safe_load
+    from madqn.training.checkpoint import safe_load
 
     state = safe_load(plan.run_dir / "checkpoints" / "latest.pt", mmap=True)
     updates = {name: int(g["updates"]) for name, g in state["groups"].items()}
@@ -376,10 +376,10 @@ def pair_rows(rows: list[dict], a: str, b: str) -> list[dict]:
 def build_results(settings: CompareSettings, plans: list[RunPlan], players: list[PlayerSpec],
                   rows: list[dict]) -> dict[str, Any]:
     """Every number of the report, from the rows and the runs' files (see the module docstring)."""
-    from madqn.protocol import (CROSS, RANDOM, RANDOM_VS_RANDOM, VS_RANDOM, episode_scores, games, length_summary,
-                                record, score_summary, select)
-    from madqn.rating import fit_ratings
-    from madqn.stats import Record, summarize
+    from madqn.evaluation.protocol import (CROSS, RANDOM, RANDOM_VS_RANDOM, VS_RANDOM, episode_scores, games,
+                                           length_summary, record, score_summary, select)
+    from madqn.evaluation.rating import fit_ratings
+    from madqn.evaluation.stats import Record, mean_confidence_interval
 
     conf = settings.confidence
     seats = list(dict.fromkeys(r["seat"] for r in rows))
@@ -423,13 +423,15 @@ def build_results(settings: CompareSettings, plans: list[RunPlan], players: list
     variants: dict[str, Any] = {}
     for variant in VARIANTS:
         members = [r for r in runs if r["variant"] == variant]
-        per_seat = {seat: summarize([r["final"]["vs_random"][seat]["mean"] for r in members], conf).to_dict()
-                    for seat in seats}
+        def interval(values: list[float]) -> dict[str, float]:
+            return mean_confidence_interval(values, conf).to_dict()
+
+        per_seat = {seat: interval([r["final"]["vs_random"][seat]["mean"] for r in members]) for seat in seats}
         variants[variant] = {
             "seeds": len(members),
             "vs_random": per_seat,
-            "vs_random_mean": summarize([r["final"]["vs_random_mean"] for r in members], conf).to_dict(),
-            "rating": summarize([r["final"]["rating"]["rating"] for r in members], conf).to_dict() if ratings else None,
+            "vs_random_mean": interval([r["final"]["vs_random_mean"] for r in members]),
+            "rating": interval([r["final"]["rating"]["rating"] for r in members]) if ratings else None,
             "wall_time": float(np.mean([r["wall_time"] for r in members])),
             "wall_time_total": float(np.sum([r["wall_time"] for r in members])),
             "steps": int(np.mean([r["steps"] for r in members])),
@@ -452,8 +454,8 @@ def build_results(settings: CompareSettings, plans: list[RunPlan], players: list
                 pairs.append({"shared": a, "independent": b, **record_dict(rec),
                               "shared_mean": score_summary(sub, a, conf, match=CROSS).mean,
                               "independent_mean": score_summary(sub, b, conf, match=CROSS).mean})
-        head_to_head = {"record": record_dict(total), "score": summarize(pair_scores, conf).to_dict(),
-                        "margin": summarize(margins, conf).to_dict(), "pairs": pairs,
+        head_to_head = {"record": record_dict(total), "score": mean_confidence_interval(pair_scores, conf).to_dict(),
+                        "margin": mean_confidence_interval(margins, conf).to_dict(), "pairs": pairs,
                         "length": length_summary([r for p in pairs for r in pair_rows(rows, p["shared"],
                                                                                       p["independent"])]).to_dict()}
 
@@ -479,11 +481,11 @@ class CompareResult:
 
 def compare(settings: CompareSettings, out: TextIO = sys.stdout) -> CompareResult:
     """Train (or resume) every run, evaluate every player, write the report directory."""
-    from madqn.checkpoint import atomic_write_text
-    from madqn.report import write_report
+    from madqn.training.checkpoint import atomic_write_text
+    from madqn.evaluation.report import write_report
 
-    from madqn.env import make_env
-    from madqn.runner import check_shared_spaces
+    from madqn.envs.adapters import make_env
+    from madqn.training.learners import check_shared_spaces
 
     c = settings.config
     env = make_env(c.env, c, seed=c.seed)  # a bad env spec, or one a shared network cannot play: one line, now

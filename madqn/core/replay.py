@@ -19,7 +19,7 @@ Where we differ:
 Beyond DQN3.0 (each off by default):
 - ``n_step`` > 1: n-step returns assembled at sample time from the same frame-once table (no
   frame stored twice), see ``_n_step_returns``;
-- ``prioritized``: proportional prioritized replay (madqn.prioritized) with one sum-tree over
+- ``prioritized``: proportional prioritized replay (madqn.core.prioritized) with one sum-tree over
   all streams.
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from madqn.prioritized import SumTree, importance_weights, priorities
+from madqn.core.prioritized import SumTree, importance_weights, priorities
 
 # Candidate rounds before sample() falls back to enumerating the valid indices exactly.
 _MAX_DRAW_ROUNDS = 64

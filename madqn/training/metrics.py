@@ -6,7 +6,7 @@ Files in the run directory:
   mean Q(s,a), mean max Q_target(s2), epsilon, learning rate, agent steps/s).
 
 Each ``train.csv`` report is also published with ``Trainer.log_scalars`` (names in ``report``), which
-the progress display (``madqn.progress``) and TensorBoard (``madqn.tensorboard``) show.
+the progress display (``madqn.training.progress``) and TensorBoard (``madqn.training.tensorboard``) show.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from collections import deque
 from pathlib import Path
 from typing import TextIO
 
-import torch
-
-from madqn.runner import EpisodeRecord, Hook, Trainer
+from madqn.training.trainer import EpisodeRecord, Hook, Trainer
 
 EPISODE_FIELDS = ["step", "episode", "env", "agent", "score", "length", "truncated", "epsilon", "wall_time"]
 TRAIN_FIELDS = ["step", "learner", "updates", "abs_delta", "q_mean", "q2_max", "epsilon", "lr", "steps_per_s",
@@ -104,9 +102,9 @@ class MetricsHook(Hook):
         eps = trainer.epsilon()
         scalars = {"train/epsilon": eps, "perf/env_steps_per_s": sps}
         for g in trainer.groups:
-            stats = summarize(g.stats)
+            stats = g.update_stats.means()
             if clear:
-                g.stats.clear()
+                g.update_stats.clear()
             lr = g.learner.optimizer.param_groups[0]["lr"]
             self.train.write({"step": trainer.step, "learner": g.name, "updates": g.updates,
                               "abs_delta": stats["abs_delta"], "q_mean": stats["q_mean"], "q2_max": stats["q2_max"],
@@ -128,12 +126,3 @@ def read_rows(path: Path) -> list[dict]:
         return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-
-def summarize(stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """Mean of the learner's per-update statistics since the last report (one host sync)."""
-    keys = ("abs_delta", "q_mean", "q2_max")
-    if not stats:
-        return {k: float("nan") for k in keys}
-    stacked = torch.stack([torch.stack([torch.as_tensor(s[k], dtype=torch.float32) for k in keys]) for s in stats])
-    return dict(zip(keys, stacked.mean(0).tolist()))

@@ -17,7 +17,7 @@ step budget cuts short is dropped. Rows (``ROW_FIELDS``) are what the CSV files 
 in a report is a function below applied to them, so it can be recomputed from the CSV.
 
 A *side* is the seats one player holds in a setting (in ``random_vs_random`` each seat is its own
-side). Outcomes follow ``madqn.stats.side_outcome``: the side's mean seat score against the other
+side). Outcomes follow ``madqn.evaluation.stats.side_outcome``: the side's mean seat score against the other
 seats' mean; strictly higher wins.
 """
 
@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from madqn.stats import Record, Summary, side_outcome, summarize, tally
+from madqn.evaluation.stats import Record, Summary, mean_confidence_interval, side_outcome, tally
 
 RANDOM = "random"
 VS_RANDOM, RANDOM_VS_RANDOM, SELF, CROSS = "vs_random", "random_vs_random", "self", "cross"
@@ -39,7 +39,7 @@ ROW_FIELDS = ["match", "setting", "episode", "seed", "seat", "player", "side", "
 
 @dataclass
 class Player:
-    """A named policy: ``madqn.agents.Agents`` (trained networks) or ``"random"``.
+    """A named policy: ``madqn.evaluation.agents.Agents`` (trained networks) or ``"random"``.
 
     ``rng`` of a policy that has one is reseeded at every setting, so a setting's actions do not
     depend on what was played before it.
@@ -58,7 +58,7 @@ def play(env: Any, seats: Mapping[str, Player], *, match: str, episodes: int, ep
     """Play one setting (``seats``: seat -> player) and return one row per seat per completed episode.
 
     ``sides``: the seat groups whose outcomes are scored together (default: the seats of each player).
-    ``on_episode``: called after every completed episode (``madqn.progress.EvalProgress``).
+    ``on_episode``: called after every completed episode (``madqn.training.progress.EvalProgress``).
     """
     from madqn.evaluation import evaluate
 
@@ -181,7 +181,7 @@ def episode_scores(rows: Iterable[Mapping[str, Any]], player: str, **where: Any)
 
 
 def score_summary(rows: Iterable[Mapping[str, Any]], player: str, confidence: float = 0.95, **where: Any) -> Summary:
-    return summarize(episode_scores(rows, player, **where), confidence)
+    return mean_confidence_interval(episode_scores(rows, player, **where), confidence)
 
 
 def record(rows: Iterable[Mapping[str, Any]], player: str, **where: Any) -> Record:
@@ -197,11 +197,11 @@ def length_summary(rows: Iterable[Mapping[str, Any]], **where: Any) -> Summary:
     steps: dict[tuple[str, str], float] = {}
     for r in select(rows, **where):
         steps.setdefault((str(r["setting"]), str(r["episode"])), float(r["steps"]))
-    return summarize(steps.values())
+    return mean_confidence_interval(steps.values())
 
 
 def games(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, float]]:
-    """Pairwise games for ``madqn.rating.fit_ratings``: one per (setting, episode) of every setting with
+    """Pairwise games for ``madqn.evaluation.rating.fit_ratings``: one per (setting, episode) of every setting with
     exactly two sides held by two different players; the score is the first side's (1, 1/2, 0)."""
     episodes: dict[tuple[str, str, str], dict[str, Mapping[str, Any]]] = {}
     for r in rows:

@@ -119,7 +119,7 @@ class Summary:
         return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
 
 
-def summarize(values: Iterable[float], confidence: float = 0.95) -> Summary:
+def mean_confidence_interval(values: Iterable[float], confidence: float = 0.95) -> Summary:
     """Mean, std (ddof 1) and Student-t confidence interval of ``values``."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")

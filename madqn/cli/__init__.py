@@ -74,7 +74,7 @@ def run_train(args: argparse.Namespace) -> int:
         scores = ", ".join(f"{a} {s:.3g}" for a, s in result.eval_scores.items()) or "no episode completed"
         print(f"final evaluation ({result.evaluation.episodes} episodes, epsilon {result.evaluation.epsilon}): "
               f"mean score {scores}")
-    from madqn.summary import format_summary, summarize_run
+    from madqn.cli.summary import format_summary, summarize_run
 
     print(format_summary(summarize_run(result.run_dir, wall_time=result.wall_time)))
     return 0
@@ -111,7 +111,7 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-from madqn import cli_view  # noqa: E402,F401  (madqn plot, madqn video)
-from madqn import bench  # noqa: E402,F401  (registers `madqn bench`)
-from madqn import cli_eval  # noqa: E402,F401  (madqn eval, madqn compare)
-from madqn import export  # noqa: E402,F401  (madqn export)
+import madqn.cli.view  # noqa: E402,F401  (madqn plot, madqn video)
+import madqn.bench  # noqa: E402,F401  (registers `madqn bench`)
+import madqn.cli.evaluate  # noqa: E402,F401  (madqn eval, madqn compare)
+import madqn.cli.export  # noqa: E402,F401  (madqn export)

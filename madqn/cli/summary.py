@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from madqn.commands import madqn_command, tensorboard_command
+from madqn.cli.commands import madqn_command, tensorboard_command
 from madqn.config import load_toml
 from madqn.errors import MadqnError
 
@@ -102,8 +102,8 @@ def summarize_run(run_dir: str | Path, *, wall_time: float | None = None, window
 
 
 def periodic_evaluations(run_dir: Path) -> dict[str, tuple[float, float]]:
-    """Seat -> (score of the last periodic evaluation, best evaluation score) from ``eval.csv`` (``madqn.eval_hook``);
-    evaluations in which the seat completed no episode are skipped."""
+    """Seat -> (score of the last periodic evaluation, best evaluation score) from ``eval.csv``
+    (``madqn.evaluation.eval_hook``); evaluations in which the seat completed no episode are skipped."""
     scores: dict[str, list[float]] = {}
     for row in _read_csv(Path(run_dir) / "eval.csv"):
         if int(row["episodes"]) > 0:

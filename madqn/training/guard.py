@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from madqn.errors import NonFiniteError
-from madqn.runner import SHARED, Hook, Trainer
+from madqn.training.learners import SHARED, UPDATE_STAT_KEYS
+from madqn.training.trainer import Hook, Trainer
 
 _STAT_NAMES = {"abs_delta": "the TD error (delta)", "q_mean": "the Q-values Q(s, a)",
                "q2_max": "the target Q-values max_a Q_target(s2, a)"}
@@ -27,11 +28,9 @@ def find_non_finite(trainer: Trainer) -> str | None:
     """What is NaN/Inf (statistics since the last report, online or target weights), or None."""
     for g in trainer.groups:
         label = _learner_label(trainer, g)
-        if g.stats:
-            for key, what in _STAT_NAMES.items():
-                values = torch.stack([torch.as_tensor(s[key], dtype=torch.float32) for s in g.stats])
-                if not bool(torch.isfinite(values).all()):
-                    return f"{what} of {label} became NaN/Inf"
+        for key, what in zip(UPDATE_STAT_KEYS, g.update_stats.finite_flags()):
+            if not what:
+                return f"{_STAT_NAMES[key]} of {label} became NaN/Inf"
         for kind, net in (("online", g.learner.online_network), ("target", g.learner.target_network)):
             params = list(net.parameters())
             if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):

@@ -1,7 +1,7 @@
 """Environments by spec, all presented through one internal parallel-style interface.
 
 Specs: a PettingZoo Atari name (``pong_v3``), a single-player Atari game by its Gymnasium id
-(``ALE/Pong-v5``, ``gym:PongNoFrameskip-v4``: a one-agent env, ``madqn.atari.SingleAtariEnv``), an
+(``ALE/Pong-v5``, ``gym:PongNoFrameskip-v4``: a one-agent env, ``madqn.envs.atari.SingleAtariEnv``), an
 import path ``package.module:callable`` or a file path ``path/to/file.py:callable``; the callable takes no arguments and returns a PettingZoo
 ``ParallelEnv`` or ``AECEnv``. ``make_env`` also takes such a callable or an env directly.
 
@@ -83,9 +83,9 @@ def make_env(spec: Any, config: Config, seed: int | None = None, *, convert: boo
     """Build one environment in the internal interface from a spec string, a factory or an env.
 
     ``convert=False`` keeps the env's raw observations (masks still go to ``infos``): what
-    :class:`madqn.agents.Agents` and :func:`madqn.evaluation.evaluate` consume.
+    :class:`madqn.evaluation.agents.Agents` and :func:`madqn.evaluation.evaluate` consume.
     """
-    from madqn import atari
+    from madqn.envs import atari
 
     if isinstance(spec, str) and (":" not in spec or spec.startswith(atari.GYM_PREFIX)):
         if spec.endswith(".py"):
@@ -168,7 +168,7 @@ class ObservationSpec:
         if self.kind == "vector":
             return (self.size if self.layout == "discrete" else int(np.prod(self.raw_shape, dtype=np.int64)),)
         if self.preprocess:
-            from madqn.atari import FRAME_SHAPE
+            from madqn.envs.atari import FRAME_SHAPE
 
             return FRAME_SHAPE
         return self.raw_shape[1:] if self.layout == "CHW" else self.raw_shape[:2]
@@ -181,7 +181,7 @@ class ObservationSpec:
 
     def convert(self, raw: Any) -> np.ndarray:
         """One raw observation (the dict's "observation" if ``dict_obs``) as it is stored."""
-        from madqn.atari import area_resize_84, luminance
+        from madqn.envs.atari import area_resize_84, luminance
 
         x = raw["observation"] if self.dict_obs else raw
         if self.kind == "vector":

@@ -8,7 +8,7 @@ the update ratio holds over any window and the replay never outruns the learner 
 ``max_lag * update_freq`` steps. Torch kernels, ALE and cv2 release the GIL, so the thread runs
 while the actor emulates and acts.
 
-The actor acts with a snapshot of the weights refreshed after every round (madqn.policy), i.e. with
+The actor acts with a snapshot of the weights refreshed after every round (madqn.core.policy), i.e. with
 weights at most ``max_lag`` rounds old; replay writes and minibatch sampling are serialised by a
 lock. Results are no longer bit-for-bit reproducible (thread timing decides which transitions a
 round sees): that is why ``overlap`` is off by default.
@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any
+from typing import Any, Callable
 
 
 class BackgroundLearner:
-    """One thread running ``trainer.learn`` rounds in submission order, at most ``max_lag`` behind."""
+    """One thread running a learner set's rounds (``run_round``) in submission order, at most ``max_lag``
+    behind; ``after_round`` (the acting snapshot's refresh) runs in the thread after each round."""
 
-    def __init__(self, trainer: Any, max_lag: int = 1):
-        self.trainer = trainer
+    def __init__(self, learners: Any, after_round: Callable[[], None], max_lag: int = 1):
+        self.learners = learners
+        self.after_round = after_round
         self.replay_lock = threading.Lock()  # held by the actor while it writes replay, by us while sampling
         self._requests: queue.Queue = queue.Queue()
         self._free = threading.Semaphore(max_lag)
@@ -53,7 +55,6 @@ class BackgroundLearner:
             self._thread.join()
 
     def _loop(self) -> None:
-        trainer = self.trainer
         while True:
             item = self._requests.get()
             try:
@@ -62,12 +63,8 @@ class BackgroundLearner:
                 if self._error is not None:
                     continue  # failed: drop the rest, the actor raises on its next call
                 n_updates, step, sync_target = item
-                for _ in range(n_updates):
-                    trainer.learn(step, replay_lock=self.replay_lock)
-                if sync_target:
-                    for g in trainer.groups:
-                        g.learner.sync_target()
-                trainer.policy.refresh()
+                self.learners.run_round(n_updates, step, sync_target, replay_lock=self.replay_lock)
+                self.after_round()
             except BaseException as e:  # surfaced in the actor's thread
                 self._error = e
             finally:

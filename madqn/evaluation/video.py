@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 
 from madqn.errors import MadqnError
-from madqn.runner import Hook, Trainer
+from madqn.training.trainer import Hook, Trainer
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
 FONT = cv2.FONT_HERSHEY_SIMPLEX
@@ -233,7 +233,7 @@ def record_episodes(env: Any, act_fn: Callable[[dict, dict], Mapping[str, int]],
                     scale: int | None = None, note: str = "") -> Recording:
     """Play ``episodes`` episodes of ``env`` and write every rendered frame, captioned with the scores.
 
-    ``env``: madqn's internal env interface (``madqn.env.make_env``) whose ``render()`` returns RGB
+    ``env``: madqn's internal env interface (``madqn.envs.adapters.make_env``) whose ``render()`` returns RGB
     (or, without ``render()``, whose observations are images: ``FrameSource``).
     ``act_fn(observations, infos)`` gets the live agents' newest observations and returns their
     actions (e.g. ``lambda obs, infos: agents.act(obs, infos, 0.05)`` with ``madqn.load_agents``);
@@ -292,7 +292,7 @@ class VideoHook(Hook):
             return
         from pettingzoo import AECEnv, ParallelEnv
 
-        from madqn.env import make_env
+        from madqn.envs.adapters import make_env
 
         if isinstance(trainer.env_spec, (ParallelEnv, AECEnv)):
             raise MadqnError("video_freq needs the env as a spec string or a factory (a function returning the env), "
@@ -307,7 +307,7 @@ class VideoHook(Hook):
             self.next_video = (trainer.step // trainer.config.video_freq + 1) * trainer.config.video_freq
 
     def record(self, trainer: Trainer) -> Recording:
-        from madqn.agents import Agents
+        from madqn.evaluation.agents import Agents
 
         c = trainer.config
         agents = Agents.from_trainer(trainer, seed=c.seed + trainer.step)

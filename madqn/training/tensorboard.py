@@ -1,6 +1,6 @@
 """TensorBoard event files in the run directory, for watching a run live (``tensorboard --logdir runs``).
 
-The CSV files (``madqn.metrics``) stay the source of truth; this mirrors them. Tags:
+The CSV files (``madqn.training.metrics``) stay the source of truth; this mirrors them. Tags:
 
 - ``score/<agent>``, ``episode_length/<agent>``: every finished episode (raw score, agent steps);
 - whatever is published with ``Trainer.log_scalars``: ``MetricsHook`` every ``prog_freq`` steps
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from madqn.runner import EpisodeRecord, Hook, Trainer
+from madqn.training.trainer import EpisodeRecord, Hook, Trainer
 
 
 def config_markdown(toml_text: str) -> str:

@@ -1,7 +1,7 @@
 """Trained agents that act without a Trainer: ``madqn.load_agents(run_dir)`` -> :class:`Agents`.
 
 ``agents.act(observations)`` takes the env's raw observations (the same conversion as training:
-:class:`madqn.env.ObservationSpec`), keeps each agent's recent history of ``hist_len`` frames as
+:class:`madqn.envs.adapters.ObservationSpec`), keeps each agent's recent history of ``hist_len`` frames as
 DQN3.0's actor does (zeros at an episode start), and returns epsilon-greedy actions over the
 legal ones (greedy by default). Checkpoints and ``madqn export`` files are read with ``weights_only``
 (``checkpoint.safe_load``).
@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from madqn.actor import RecentHistory, epsilon_greedy
+from madqn.core.actor import RecentHistory, epsilon_greedy
 from madqn.config import FIELD_NAMES, Config
-from madqn.env import ObservationSpec, action_starts, make_env, observation_specs
+from madqn.envs.adapters import ObservationSpec, action_starts, make_env, observation_specs
 from madqn.errors import CheckpointError, MadqnError
-from madqn.networks import build_q_network
+from madqn.training.learners import q_network_for
 
 
 class Agents:
@@ -48,7 +48,11 @@ class Agents:
     # ---- construction ---------------------------------------------------------------------
     @classmethod
     def from_trainer(cls, trainer: Any, seed: int | None = None) -> "Agents":
-        """The trainer's current online networks (shared, not copied) acting on raw observations."""
+        """The trainer's current online networks (shared, not copied) acting on raw observations.
+
+        Waits for any learning round in flight (``trainer.settle()``), so the weights hold still until
+        the trainer's next step: a video or an evaluation run from a hook plays one set of weights."""
+        trainer.settle()
         networks = {a: g.learner.online_network for g in trainer.groups for a in g.agents}
         n_actions = {a: g.n_actions for g in trainer.groups for a in g.agents}
         return cls(networks, dict(trainer.observation_specs), n_actions, trainer.config.hist_len,
@@ -73,13 +77,10 @@ class Agents:
         missing = [a for a in agents if a not in specs]
         if missing:
             raise CheckpointError(f"{source}: no observation spec for agents {missing}")
-        shared = config.sharing == "shared"
-        n_indicator = len(agents) if (shared and config.agent_indicator) else 0
         networks, n_actions = {}, {}
         for name, group in state["groups"].items():
             members = list(group["agents"])
-            network = build_q_network(specs[members[0]].shape, int(group["n_actions"]), config.hist_len, n_indicator,
-                                      kind=config.network, hidden=tuple(config.mlp_hidden), dueling=config.dueling)
+            network = q_network_for(config, specs[members[0]].shape, int(group["n_actions"]), len(agents))
             try:
                 network.load_state_dict(group["online"] if "online" in group else group["learner"]["online"])
             except (RuntimeError, KeyError) as e:
@@ -162,7 +163,7 @@ def checkpoint_path(path: str | Path) -> Path:
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], Config]:
     """A checkpoint or export (run directory or file) loaded with ``weights_only``, and its resolved config."""
-    from madqn.checkpoint import PLAY_KINDS, safe_load
+    from madqn.training.checkpoint import PLAY_KINDS, safe_load
     from madqn.config import make_config
     from madqn.errors import ConfigError
 
@@ -179,7 +180,7 @@ def load_for_play(path: str | Path, eps: float | None = None) -> tuple[dict[str,
     """``load_checkpoint`` plus what playing needs: torch threads as the run chose them, and the epsilon
     to act with (the run's ``eval_ep`` unless ``eps`` is given), checked to lie in [0, 1]."""
     from madqn.errors import MadqnError
-    from madqn.runner import resolve_threads
+    from madqn.training.trainer import resolve_threads
 
     state, config = load_checkpoint(path)
     torch.set_num_threads(resolve_threads(config.num_threads)[0])
@@ -195,7 +196,7 @@ def load_agents(path: str | Path, *, env: Any = None, device: str = "cpu", seed:
     ``env`` (a spec, factory or PettingZoo env) is only needed for checkpoints that predate the
     stored observation specs; ``seed`` seeds the epsilon-greedy draws.
     """
-    from madqn.checkpoint import PLAY_KINDS, safe_load
+    from madqn.training.checkpoint import PLAY_KINDS, safe_load
 
     file = checkpoint_path(path)
     return Agents.from_state(safe_load(file, kind=PLAY_KINDS), env=env, device=device, seed=seed, source=str(file))

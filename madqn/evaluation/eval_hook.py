@@ -3,7 +3,7 @@
 Every ``eval_freq`` agent steps the current online networks play ``eval_steps`` agent steps at
 epsilon ``eval_ep`` in their own env copy (no life-loss terminals), on raw scores, dropping the
 episode the budget cuts short (DQN3.0 ``train_agent``). With ``eval_opponent = "random"`` (the
-multiplayer-ALE protocol, ``madqn.protocol.vs_random``) the budget is split between the seats: each
+multiplayer-ALE protocol, ``madqn.evaluation.protocol.vs_random``) the budget is split between the seats: each
 seat in turn is played by the trained agents against random others; with ``"self"`` the trained
 agents play every seat. The evaluation's score is the mean over seats of each seat's mean episode
 score; the network with the best score so far is kept as ``checkpoints/best.pt`` (a full checkpoint
@@ -15,7 +15,7 @@ are drawn once from each learner's replay memory when learning starts; after eac
 V = mean max_a Q_target(s2, a) and the mean |clipped delta| over them are reported.
 
 Files: ``eval.csv`` (one row per seat per evaluation: episodes, mean, std, 95% CI, mean length),
-``eval_episodes.csv`` (the raw rows of ``madqn.protocol`` with the step), ``valid.csv`` (one row
+``eval_episodes.csv`` (the raw rows of ``madqn.evaluation.protocol`` with the step), ``valid.csv`` (one row
 per learner per evaluation). Scalars: ``eval/score``, ``eval/score/<seat>``, ``valid/V/<learner>``,
 ``valid/td_error/<learner>``. Training is unchanged by evaluating: the env copy, the policies' and
 the validation draw's random generators are their own (seeded from ``seed``), networks run under
@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from madqn.checkpoint import atomic_save, safe_load, trainer_state, truncate_csv
+from madqn.training.checkpoint import atomic_save, safe_load, trainer_state, truncate_csv
 from madqn.errors import CheckpointError
-from madqn.learner import Learner, q_targets
-from madqn.metrics import CsvWriter
-from madqn.runner import Hook, Trainer
+from madqn.core.learner import Learner, q_targets
+from madqn.training.metrics import CsvWriter
+from madqn.training.trainer import Hook, Trainer
 
 BEST = "best.pt"
 EVAL_FIELDS = ["step", "seat", "opponent", "episodes", "mean", "std", "ci_low", "ci_high", "length_mean", "epsilon",
@@ -79,7 +79,7 @@ def draw_validation_set(group: Any, size: int, rng: np.random.Generator, device:
 def validation_statistics(learner: Learner, valid: ValidationSet, chunk: int = 256) -> tuple[float, float]:
     """(V, TD error): mean max_a Q_target(s2, a) and mean |clipped delta| over ``valid`` (DQN3.0's v_avg, tderr_avg).
 
-    delta is getQUpdate's (``madqn.learner.q_targets``): target network for s2 (the online one
+    delta is getQUpdate's (``madqn.core.learner.q_targets``): target network for s2 (the online one
     without a target network), the learner's discount, clipping and reward scaling.
     """
     q2_sum, delta_sum = 0.0, 0.0
@@ -117,7 +117,7 @@ class EvalHook(Hook):
         c = trainer.config
         if c.eval_freq == 0:
             return
-        from madqn.env import is_pettingzoo_env, make_env
+        from madqn.envs.adapters import is_pettingzoo_env, make_env
 
         if is_pettingzoo_env(trainer.env_spec):
             self._print("madqn: eval_freq is ignored: periodic evaluation needs the env as a spec string or a "
@@ -127,7 +127,7 @@ class EvalHook(Hook):
                             seed=c.seed + EVAL_SEED_OFFSET, convert=False)
         for name, key in (("eval.csv", "step"), ("eval_episodes.csv", "step"), ("valid.csv", "step")):
             truncate_csv(self.run_dir / name, key, trainer.step)
-        from madqn.protocol import ROW_FIELDS
+        from madqn.evaluation.protocol import ROW_FIELDS
 
         self.writers = {"eval": CsvWriter(self.run_dir / "eval.csv", EVAL_FIELDS),
                         "episodes": CsvWriter(self.run_dir / "eval_episodes.csv", ["step", *ROW_FIELDS]),
@@ -146,7 +146,7 @@ class EvalHook(Hook):
         if self.env is None:
             return
         c = trainer.config
-        if c.valid_size > 0 and not self.valid and trainer.step > trainer.learn_from:
+        if c.valid_size > 0 and not self.valid and trainer.step > trainer.learners.learn_from:
             try:
                 self.valid = {g.name: draw_validation_set(g, c.valid_size, self.valid_rng, trainer.device)
                               for g in trainer.groups}
@@ -167,9 +167,10 @@ class EvalHook(Hook):
     # ---- one evaluation -----------------------------------------------------------------------
     def evaluate(self, trainer: Trainer) -> float:
         """Evaluate now; returns the score (NaN when a seat completed no episode within the budget)."""
-        from madqn.agents import Agents
-        from madqn.progress import EvalProgress
-        from madqn.protocol import SELF, VS_RANDOM, Player, score_summary, length_summary, self_play, vs_random
+        from madqn.evaluation.agents import Agents
+        from madqn.training.progress import EvalProgress
+        from madqn.evaluation.protocol import (SELF, VS_RANDOM, Player, length_summary, score_summary, self_play,
+                                               vs_random)
 
         c = trainer.config
         seed = c.seed + EVAL_SEED_OFFSET
@@ -228,7 +229,7 @@ class EvalHook(Hook):
         return score
 
     def _save_best(self, trainer: Trainer, score: float) -> bool:
-        from madqn.guard import find_non_finite
+        from madqn.training.guard import find_non_finite
 
         if find_non_finite(trainer) is not None:  # the guard stops the run; never keep such weights
             return False

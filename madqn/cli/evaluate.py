@@ -72,12 +72,12 @@ def checkpoint_file(path: str | Path, which: str = "latest") -> Path:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from madqn.agents import Agents, load_agents, load_for_play
-    from madqn.env import make_env
-    from madqn.progress import EvalProgress
-    from madqn.protocol import Player, cross_play, cross_settings, self_play, vs_random
-    from madqn.runner import resolve_device
-    from madqn.video import check_video_path
+    from madqn.evaluation.agents import Agents, load_agents, load_for_play
+    from madqn.envs.adapters import make_env
+    from madqn.training.progress import EvalProgress
+    from madqn.evaluation.protocol import Player, cross_play, cross_settings, self_play, vs_random
+    from madqn.training.trainer import resolve_device
+    from madqn.evaluation.video import check_video_path
 
     if args.episodes < 1:
         raise MadqnError(f"--episodes must be >= 1, got {args.episodes}")
@@ -146,9 +146,9 @@ def _default_out(file: Path, kind: str, args: argparse.Namespace) -> Path:
 
 
 def _write(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    from madqn.checkpoint import atomic_write_text
-    from madqn.report import _write_csv
-    from madqn.protocol import ROW_FIELDS
+    from madqn.training.checkpoint import atomic_write_text
+    from madqn.evaluation.report import _write_csv
+    from madqn.evaluation.protocol import ROW_FIELDS
 
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -160,7 +160,8 @@ def _write(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> No
 
 def summarize_eval(rows: list[dict[str, Any]], kind: str, a: str, b: str | None, agents: list[str]) -> dict[str, Any]:
     """The numbers ``madqn eval`` prints, from the rows: one entry per (player, seat) and per player."""
-    from madqn.protocol import CROSS, RANDOM, RANDOM_VS_RANDOM, SELF, VS_RANDOM, length_summary, record, score_summary
+    from madqn.evaluation.protocol import (CROSS, RANDOM, RANDOM_VS_RANDOM, SELF, VS_RANDOM, length_summary, record,
+                                           score_summary)
 
     def entry(player: str, **where: Any) -> dict[str, Any]:
         rec = record(rows, player, **where)
@@ -185,7 +186,7 @@ def summarize_eval(rows: list[dict[str, Any]], kind: str, a: str, b: str | None,
 
 
 def format_eval(summary: dict[str, Any]) -> str:
-    from madqn.report import fmt
+    from madqn.evaluation.report import fmt
 
     header = ["seat", "player", "episodes", "score (95% CI)", "std", "length"]
     if summary["two_sided"]:
@@ -215,7 +216,7 @@ def _record(args: argparse.Namespace, env: Any, rows: list[dict[str, Any]], play
             epsilon: float, video_length: int) -> None:
     """Video of the first seat assignment that was evaluated, each episode cut at ``video_length`` agent steps."""
     from madqn.evaluation import RandomPolicy
-    from madqn.video import check_video_path, record_episodes
+    from madqn.evaluation.video import check_video_path, record_episodes
 
     path = check_video_path(args.video)
     first = str(rows[0]["setting"]) if rows else ""
@@ -274,9 +275,9 @@ def _compare(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from madqn.compare import CompareSettings, compare
+    from madqn.evaluation.compare import CompareSettings, compare
     from madqn.config import make_config, parse_overrides
-    from madqn.runner import resolve_device
+    from madqn.training.trainer import resolve_device
 
     overrides = parse_overrides(args.overrides)
     for key in ("env", "steps", "seed", "device"):
@@ -301,7 +302,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def _summary_lines(results: dict[str, Any]) -> str:
-    from madqn.report import fmt
+    from madqn.evaluation.report import fmt
 
     seats = results["seats"]
     lines = [f"{results['env']}, {results['steps']:,} agent steps, seeds {results['seeds']}: score vs random "

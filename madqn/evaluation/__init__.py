@@ -5,7 +5,7 @@ and drops the episode the budget cuts short; ``evaluate`` does the same with an 
 top. Policies see the env's raw observations (``make_env(..., convert=False)``), legal-action
 masks in ``infos[agent]["action_mask"]``, and return the env's own actions. A policy is anything
 with ``reset()`` and ``act(observations, infos, epsilon) -> {agent: action}``: trained
-:class:`madqn.agents.Agents`, :class:`RandomPolicy`, or your own.
+:class:`madqn.evaluation.agents.Agents`, :class:`RandomPolicy`, or your own.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Protocol
 import numpy as np
 
 from madqn.config import Config
-from madqn.env import Adapter, is_pettingzoo_env, make_env
+from madqn.envs.adapters import Adapter, is_pettingzoo_env, make_env
 from madqn.errors import MadqnError
 
 

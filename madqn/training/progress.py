@@ -16,7 +16,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Mapping, TextIO
 
-from madqn.runner import EpisodeRecord, Hook, Trainer
+from madqn.training.trainer import EpisodeRecord, Hook, Trainer
 
 Fields = Mapping[str, str]
 

@@ -1,6 +1,6 @@
 """The report directory of ``madqn compare``: report.md, results.json, raw CSV files and PNG plots.
 
-Everything here formats numbers computed by ``madqn.compare.build_results`` from the raw rows
+Everything here formats numbers computed by ``madqn.evaluation.compare.build_results`` from the raw rows
 (``episodes.csv``) and the runs' files; nothing is computed twice. Intervals are shown as
 ``mean ± half-width`` of the Student-t 95% confidence interval.
 """
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from madqn.checkpoint import atomic_write_text
+from madqn.training.checkpoint import atomic_write_text
 
 
 def fmt(summary: dict[str, Any] | None, digits: int = 2) -> str:
@@ -64,7 +64,7 @@ def _write_csv(path: Path, fields: list[str], rows: list[dict[str, Any]]) -> Non
 
 def write_report(out: Path, results: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Path]:
     """Write every artefact into ``out``; returns name -> path."""
-    from madqn.protocol import ROW_FIELDS
+    from madqn.evaluation.protocol import ROW_FIELDS
 
     out = Path(out)
     files = {"episodes": out / "episodes.csv", "results": out / "results.json", "runs": out / "runs.csv",
@@ -127,7 +127,7 @@ def _curve_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _plots(out: Path, results: dict[str, Any], have_eval: bool) -> dict[str, Path]:
-    from madqn.plot import load_run, plot_learning_curves
+    from madqn.evaluation.plot import load_run, plot_learning_curves
 
     files = {}
     run_dirs = [Path(r["run_dir"]) for r in results["runs"]]
@@ -289,7 +289,7 @@ def markdown(results: dict[str, Any], files: dict[str, Path]) -> str:
               "- Cross-play: for each seat, one player there and the other in every other seat, and the reverse; "
               "every setting plays the same episode seeds.",
               "- Raw per-episode rows: `episodes.csv` (one row per seat per episode); every number above is "
-              "recomputed from it by `madqn.protocol` / `madqn.compare.build_results`.", "",
+              "recomputed from it by `madqn.evaluation.protocol` / `madqn.evaluation.compare.build_results`.", "",
               "## Files", ""]
     for name, path in files.items():
         lines.append(f"- `{path.name}`: {_FILE_NOTES.get(name, name)}")

@@ -30,7 +30,7 @@ def _context() -> Any:
     of this process, whose torch/OpenMP and cv2 thread pools would not survive it); spawn elsewhere."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["madqn.vecenv", "madqn.env", "madqn.atari"])
+        ctx.set_forkserver_preload(["madqn.envs.vecenv", "madqn.envs.adapters", "madqn.envs.atari"])
         return ctx
     return mp.get_context("spawn")
 
@@ -55,7 +55,7 @@ def use_processes(spec: Any, config: Config) -> bool:
 
 def make_envs(spec: Any, config: Config) -> list[Any]:
     """The ``num_envs`` env copies of a run, copy ``i`` seeded ``config.seed + 1000 * i``."""
-    from madqn.env import make_env
+    from madqn.envs.adapters import make_env
 
     seeds = [config.seed + 1000 * i for i in range(config.num_envs)]
     if not use_processes(spec, config):
@@ -79,7 +79,7 @@ def _worker(conn: Any, spec: str, config_dict: dict[str, Any], seed: int) -> Non
         import cv2
 
         cv2.setNumThreads(1)  # one core per worker; cv2's own pool would only add contention
-        from madqn.env import make_env
+        from madqn.envs.adapters import make_env
 
         env = make_env(spec, Config(**config_dict), seed=seed)
         agents = list(env.possible_agents)

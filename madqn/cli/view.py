@@ -41,7 +41,7 @@ def _plot(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    from madqn.plot import find_runs, group_variants, load_run, plot_learning_curves
+    from madqn.evaluation.plot import find_runs, group_variants, load_run, plot_learning_curves
 
     if args.smooth < 1:
         raise MadqnError(f"--smooth must be >= 1, got {args.smooth}")
@@ -77,10 +77,10 @@ def _video(sub: argparse._SubParsersAction) -> None:
 
 
 def run_video(args: argparse.Namespace) -> int:
-    from madqn.agents import Agents, checkpoint_path, load_for_play
-    from madqn.env import make_env
-    from madqn.runner import resolve_device
-    from madqn.video import check_video_path, format_score, record_episodes
+    from madqn.evaluation.agents import Agents, checkpoint_path, load_for_play
+    from madqn.envs.adapters import make_env
+    from madqn.training.trainer import resolve_device
+    from madqn.evaluation.video import check_video_path, format_score, record_episodes
 
     checkpoint = checkpoint_path(args.run)
     run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent

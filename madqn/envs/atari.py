@@ -452,7 +452,7 @@ class AtariEnv(ParallelEnv):
 
         The ALE system state (RAM, CPU, TIA, frame counters) serialised by the ALE, plus the
         wrapper's live agents, life counters, agent-step counter and no-op generator. Checkpoints
-        use it so that a resumed run continues the very same episode (madqn.checkpoint), frame for
+        use it so that a resumed run continues the very same episode (madqn.training.checkpoint), frame for
         frame with DQN3.0's deterministic emulator; with `sticky_actions` > 0 the restored ALE does
         not repeat the same sticky-action draws (it does not restore all they depend on).
         """

@@ -8,7 +8,7 @@ history, the transition waiting for its reward, its episode score and length. Ep
 learning rate are functions of the step (DQN3.0's schedules), so the step restores them.
 ``checkpoints/replay.pt`` (kind ``madqn-replay``, only with ``save_replay = true``) holds the replay
 memory, tagged with the step of the checkpoint it belongs to. ``madqn export`` writes kind
-``madqn-agents`` (madqn.export): only what playing needs, loaded like a checkpoint by ``madqn eval``,
+``madqn-agents`` (madqn.cli.export): only what playing needs, loaded like a checkpoint by ``madqn eval``,
 ``madqn video`` and ``madqn.load_agents`` (``PLAY_KINDS``).
 
 Writing: a temporary file in the same directory, fsync, rename, fsync of the directory; a crash or a
@@ -39,15 +39,15 @@ import numpy as np
 import torch
 
 from madqn.errors import CheckpointError
+from madqn.training.learners import UPDATE_STAT_KEYS
 
 FORMAT_VERSION = 2
 TRAINER_KIND = "madqn-trainer"
 REPLAY_KIND = "madqn-replay"
-AGENTS_KIND = "madqn-agents"  # madqn export: online networks, config, observation specs (madqn.export)
+AGENTS_KIND = "madqn-agents"  # madqn export: online networks, config, observation specs (madqn.cli.export)
 PLAY_KINDS = (TRAINER_KIND, AGENTS_KIND)  # files that can play (madqn eval, madqn video, load_agents)
 LATEST = "latest.pt"
 REPLAY = "replay.pt"
-STAT_KEYS = ("abs_delta", "q_mean", "q2_max")  # Learner.update statistics, in this column order
 
 # ---- writing ------------------------------------------------------------------------------------
 
@@ -163,7 +163,7 @@ def safe_load(path: Path, kind: str | tuple[str, ...] = TRAINER_KIND, map_locati
 _LAYOUT: dict[str, dict[str, type | tuple[type, ...]]] = {
     TRAINER_KIND: {"config": dict, "agents": list, "step": int, "episodes": int, "learn_from": int,
                    "wall_time": float, "groups": dict, "rng": dict, "envs": list, "slots": list,
-                   "observations": list, "action_masks": list},
+                   "observations": list, "action_masks": list},  # + "held": a Ray run's held replay entries
     REPLAY_KIND: {"step": int, "groups": dict},
     AGENTS_KIND: {"config": dict, "agents": list, "step": int, "groups": dict, "observation_specs": dict,
                   "action_starts": dict},
@@ -210,33 +210,11 @@ def _to_numpy(x: Any) -> Any:
     return x
 
 
-def _stats_tensor(stats: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-    """A learner's per-update statistics since the last report, as an (n, 3) float tensor."""
-    if not stats:
-        return torch.zeros(0, len(STAT_KEYS))
-    return torch.stack([torch.stack([torch.as_tensor(s[k], dtype=torch.float32) for k in STAT_KEYS])
-                        for s in stats]).cpu()
-
-
-def _slot_state(slot: Any) -> dict[str, Any]:
-    pending = None
-    if slot.pending is not None:
-        frame, action, mask = slot.pending
-        pending = {"frame": frame, "action": int(action), "mask": None if mask is None else np.asarray(mask, bool)}
-    return _to_torch({"env": slot.env_index, "agent": slot.agent, "history": slot.history.frames,
-                      "pending": pending, "reward": float(slot.reward), "score": float(slot.score),
-                      "length": int(slot.length)})
-
-
-def env_state(env: Any) -> dict[str, Any] | None:
-    """``env.get_state()`` as tensors, or None for envs that cannot capture their state."""
-    get_state = getattr(env, "get_state", None)
-    return None if get_state is None else _to_torch(get_state())
-
-
 def trainer_state(trainer: Any) -> dict[str, Any]:
-    """Everything needed to continue ``trainer`` (not the replay memory; see ``replay_state``)."""
+    """Everything needed to continue ``trainer`` (not the replay memory; see ``replay_state``): the
+    learner set's and the acting side's ``state_dict``, the run's counters and torch generators."""
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    acting = trainer.acting.state_dict()
     return {
         "format_version": FORMAT_VERSION,
         "kind": TRAINER_KIND,
@@ -247,25 +225,17 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
         "action_starts": dict(trainer.action_starts),
         "step": int(trainer.step),
         "episodes": int(trainer.episodes),
-        "learn_from": int(trainer.learn_from),
         "wall_time": float(time.time() - trainer.start_time),
-        "groups": {g.name: {"agents": list(g.agents), "n_actions": g.n_actions, "learner": g.learner.state_dict(),
-                            "updates": g.updates, "r_max": float(g.learner.r_max), "stats": _stats_tensor(g.stats),
-                            "replay_rng": g.replay.rng.bit_generator.state} for g in trainer.groups},
-        "rng": {"numpy": trainer.rng.bit_generator.state, "torch": torch.get_rng_state(), "cuda": list(cuda_rng)},
-        "envs": [env_state(env) for env in trainer.envs],
-        "slots": [_slot_state(slot) for slot in trainer.slots.values()],
-        "observations": [_to_torch(dict(obs)) for obs in trainer.observations],
-        "action_masks": [_to_torch({a: info.get("action_mask") for a, info in infos.items()
-                                    if isinstance(info, dict) and info.get("action_mask") is not None})
-                         for infos in trainer.infos],
+        **trainer.learners.state_dict(),  # learn_from, groups
+        **_to_torch({k: v for k, v in acting.items() if k != "rng"}),  # envs, slots, observations, action_masks
+        "rng": {"numpy": acting["rng"], "torch": torch.get_rng_state(), "cuda": list(cuda_rng)},
     }
 
 
 def replay_state(trainer: Any) -> dict[str, Any]:
     return {"format_version": FORMAT_VERSION, "kind": REPLAY_KIND, "step": int(trainer.step),
-            "groups": {g.name: {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-                                for k, v in g.replay.state_dict().items()} for g in trainer.groups}}
+            "groups": {name: {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in memory.items()}
+                       for name, memory in trainer.learners.replay_state_dict().items()}}
 
 
 # ---- restoring ----------------------------------------------------------------------------------
@@ -287,35 +257,38 @@ def check_compatible(state: dict[str, Any], trainer: Any, path: Path) -> None:
                                   f"but {g.n_actions} in this env")
 
 
+def _learner_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The learner set's part of a checkpoint. Files written before the running update statistics hold one
+    row per unreported update (``stats``): they become the sums they add up to."""
+    groups = {}
+    for name, saved in state["groups"].items():
+        if "update_stats" not in saved:
+            rows = saved["stats"].reshape(-1, len(UPDATE_STAT_KEYS)).float()
+            saved = {**saved, "update_stats": {"sums": rows.sum(0), "count": len(rows)}}
+        groups[name] = saved
+    return {"learn_from": state["learn_from"], "groups": groups}
+
+
 def restore_trainer(trainer: Any, state: dict[str, Any], path: Path) -> bool:
     """Load networks, optimizers, counters and generators; the acting state when the envs allow it.
 
     Returns True when every env copy continues its episode exactly; False when some env cannot
-    capture its state: then every env copy starts a fresh episode (a new seed derived from the
-    step) and the interrupted episodes are simply not reported.
+    capture its state (or the actors of a Ray run): then every env copy starts a fresh episode and
+    the interrupted episodes are simply not reported.
     """
     check_compatible(state, trainer, path)
     try:
-        for g in trainer.groups:
-            saved = state["groups"][g.name]
-            try:
-                g.learner.load_state_dict(saved["learner"])
-            except (RuntimeError, KeyError, ValueError) as e:
-                raise CheckpointError(f"{path}: network of {g.name} does not fit this config "
-                                      f"({str(e).strip().splitlines()[0][:200]})") from None
-            g.updates = int(saved["updates"])
-            g.learner.r_max = float(saved["r_max"])
-            g.stats = [{k: row[c].to(trainer.device) for c, k in enumerate(STAT_KEYS)} for row in saved["stats"]]
-            g.replay.rng.bit_generator.state = saved["replay_rng"]
+        try:
+            trainer.learners.load_state_dict(_learner_state(state))
+        except CheckpointError as e:
+            raise CheckpointError(f"{path}: {e}") from None
         trainer.step = int(state["step"])
         trainer.episodes = int(state["episodes"])
-        trainer.learn_from = int(state["learn_from"])
         trainer.start_time = time.time() - float(state["wall_time"])
-        trainer.rng.bit_generator.state = state["rng"]["numpy"]
         torch.set_rng_state(state["rng"]["torch"])
         if state["rng"]["cuda"] and torch.cuda.is_available() and len(state["rng"]["cuda"]) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        return _restore_acting(trainer, state)
+        return trainer.acting.load_state_dict(acting_state(state))
     except CheckpointError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
@@ -323,54 +296,28 @@ def restore_trainer(trainer: Any, state: dict[str, Any], path: Path) -> bool:
                               f"{str(e).strip()[:200]})") from None
 
 
-def _restore_acting(trainer: Any, state: dict[str, Any]) -> bool:
-    envs = state["envs"]
-    capturable = len(envs) == len(trainer.envs) and all(
-        s is not None and hasattr(env, "set_state") for s, env in zip(envs, trainer.envs))
-    if not capturable:
-        for i, env in enumerate(trainer.envs):
-            trainer._begin_episode(i, *env.reset(seed=trainer.config.seed + 1000 * i + trainer.step))
-        return False
-    for env, s in zip(trainer.envs, envs):
-        env.set_state(_to_numpy(s))
-    for saved in state["slots"]:
-        slot = trainer.slots[(int(saved["env"]), saved["agent"])]
-        np.copyto(slot.history.frames, saved["history"].numpy())
-        p = saved["pending"]
-        slot.pending = None if p is None else (p["frame"].numpy(), int(p["action"]),
-                                               None if p["mask"] is None else p["mask"].numpy())
-        slot.reward, slot.score, slot.length = float(saved["reward"]), float(saved["score"]), int(saved["length"])
-    trainer.observations = [dict(_to_numpy(obs)) for obs in state["observations"]]
-    trainer.infos = [{a: {"action_mask": m} for a, m in _to_numpy(masks).items()} for masks in state["action_masks"]]
-    return True
+def acting_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The acting side's part of a checkpoint, as numpy arrays and plain values."""
+    keys = ("envs", "slots", "observations", "action_masks", "held")
+    return {"rng": state["rng"]["numpy"], **_to_numpy({k: state[k] for k in keys if k in state})}
 
 
 def close_interrupted_episodes(trainer: Any, state: dict[str, Any]) -> None:
-    """After restoring the replay memory into fresh episodes: end each stream's interrupted episode.
-
-    The newest frame each agent had (its waiting transition's frame, else its current observation)
-    is stored as a truncated final frame, so the next episode's frames are never stacked onto it.
-    """
-    for saved in state["slots"]:
-        slot = trainer.slots[(int(saved["env"]), saved["agent"])]
-        frame = saved["pending"]["frame"] if saved["pending"] is not None else \
-            state["observations"][int(saved["env"])].get(saved["agent"])
-        if frame is None:
-            continue
-        g = trainer.group_of[slot.agent]
-        kw = {"action_mask": None} if g.replay.action_masks is not None else {}
-        g.replay.add(slot.stream, frame.numpy(), 0, 0.0, False, True, **kw)
+    """After restoring the replay memory into fresh episodes: end each stream's interrupted episode
+    (each agent's newest frame in the checkpoint becomes a truncated final frame)."""
+    trainer.acting.close_interrupted_episodes(acting_state(state))
 
 
 def restore_replay(trainer: Any, state: dict[str, Any], path: Path) -> None:
-    for g in trainer.groups:
-        saved = state["groups"].get(g.name)
-        if saved is None:
-            raise CheckpointError(f"{path}: replay file has no memory for {g.name}")
-        try:
-            g.replay.load_state_dict({k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in saved.items()})
-        except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{path}: replay memory of {g.name} does not fit this config ({e})") from None
+    missing = [g.name for g in trainer.groups if g.name not in state["groups"]]
+    if missing:
+        raise CheckpointError(f"{path}: replay file has no memory for {missing[0]}")
+    try:
+        trainer.learners.load_replay_state_dict(
+            {name: {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in saved.items()}
+             for name, saved in state["groups"].items()})
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path}: {e}") from None
 
 
 # ---- metrics files ------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 A transition i is drawn with probability P(i) = p_i / sum_k p_k, where p_i = (|clipped delta_i| +
 eps) ** alpha after each of its updates, and new transitions get the largest priority seen so far.
 The gradient of row i is scaled by its importance weight w_i = (N P(i)) ** -beta / max_j w_j
-(max over the minibatch), beta annealed from beta_0 to 1 over the run. ``madqn.replay.ReplayMemory``
+(max over the minibatch), beta annealed from beta_0 to 1 over the run. ``madqn.core.replay.ReplayMemory``
 holds one :class:`SumTree` over all of its streams (one per learner).
 """
 

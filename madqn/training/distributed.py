@@ -1,0 +1,417 @@
+"""Distributed acting (``backend = "ray"``): actor processes feed one DQN3.0 learner, Ape-X style.
+
+Two sides, one small interface:
+
+- :class:`Actor` is an acting loop (madqn.training.acting, the in-process trainer's own) over
+  ``num_envs`` env copies with CPU copies of the online networks, feeding a ``RecordingSink``.
+  ``rollout(n, step, weights)`` steps ``n`` agent steps and returns a :class:`Rollout`: the replay
+  entries ``(agent, copy, frame, action, reward, terminal, episode_end, mask)`` the loop emitted
+  (one uint8 frame each, never stacked) and the finished episodes.
+- :class:`DistributedTrainer` is the learner set (madqn.training.learners: networks, optimizers, one
+  replay stream per (agent, actor, env copy), the learning schedule, target sync) with the usual
+  hooks, fed through an :class:`ActorFeed`. It counts agent steps from the batches it RECEIVES (a batch
+  lost with its actor is never counted), runs DQN3.0's learning rounds on that count
+  (``update_ratio = "fixed"``) and publishes the online weights every ``sync_every`` rounds.
+
+Pools drive the actors: :class:`InlinePool` in this process (tests, reference) and
+:class:`RayPool` as Ray actors (``max_restarts=-1``: a killed actor is restarted by Ray; its
+unfinished batch is dropped, the episodes it was in are closed in replay as truncated, and it
+gets the current weights with its next call). Each actor has at most ``max_in_flight`` batches
+outstanding and gets a new call only after the learner consumed one (back-pressure).
+
+Replay: an entry is added to its stream when its successor arrives (or it is a final frame), so
+if an actor dies the learner can end each open episode at its last received frame, as the
+Trainer does for an env copy reset mid-episode, and no frames of two episodes are stacked.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from madqn.training.acting import ActingLoop, Entry, EpisodeRecord, RecordingSink
+from madqn.config import Config
+from madqn.envs.adapters import action_starts, observation_specs
+from madqn.errors import MadqnError
+from madqn.training.learners import LearnerSet, group_members, q_network_for, replay_seeds_and_acting_rng
+from madqn.training.trainer import Hook, TrainerBase, resolve_device
+from madqn.envs.vecenv import make_envs
+
+
+def apex_epsilons(n_actors: int, eps: float = 0.4, alpha: float = 7.0) -> list[float]:
+    """Ape-X per-actor epsilons: ``eps ** (1 + i * alpha / (N - 1))`` for i = 0..N-1 (one actor: ``eps``)."""
+    if n_actors == 1:
+        return [float(eps)]
+    return [float(eps) ** (1.0 + i * alpha / (n_actors - 1)) for i in range(n_actors)]
+
+
+@dataclass
+class Rollout:
+    """One actor batch: ``steps`` agent steps, their replay entries, the episodes that ended."""
+
+    actor: int
+    steps: int
+    entries: list[Entry]
+    episodes: list[EpisodeRecord]
+    incarnation: str = ""  # random id of the actor object: a new one means Ray rebuilt the actor
+
+
+def actor_config(config: Config, index: int, reseed: int = 0) -> Config:
+    """Actor ``index``'s config: inline envs on CPU, its own seed (actor 0 keeps the run's seed, so with one
+    actor its transitions are the in-process Trainer's); ``reseed`` after a restart."""
+    return config.replace(seed=config.seed + 100_000 * index + reseed, device="cpu", vector_env="inline",
+                          overlap=False)
+
+
+class Actor:
+    """An acting loop over ``num_envs`` env copies with CPU Q-networks, recording its replay entries."""
+
+    def __init__(self, config_dict: dict[str, Any], index: int = 0, env: Any = None, reseed: int = 0):
+        run_config = Config(**config_dict)
+        c = actor_config(run_config, index, reseed)
+        self.index = index
+        envs = make_envs(c.env if env is None else env, c)
+        first = envs[0]
+        agents = list(first.possible_agents)
+        members = group_members(c, agents)
+        self.networks = [q_network_for(c, first.observation_space(group[0]).shape,
+                                       int(first.action_space(group[0]).n), len(agents)).requires_grad_(False)
+                         for _, group in members]
+        _, rng = replay_seeds_and_acting_rng(c.seed, len(members))  # the in-process trainer's acting generator
+        fixed = apex_epsilons(c.actors, c.apex_eps, c.apex_alpha)[index] if c.actor_epsilons == "apex" else None
+        self.sink = RecordingSink()
+        self.acting = ActingLoop(c, envs, self.networks, self.sink, rng, torch.device("cpu"), fixed_epsilon=fixed)
+        self.weights_version = -1
+        self.incarnation = os.urandom(8).hex()
+
+    def epsilon(self) -> float:
+        return self.acting.epsilon()
+
+    def set_weights(self, version: int, state_dicts: list[dict[str, torch.Tensor]]) -> None:
+        for network, sd in zip(self.networks, state_dicts):
+            network.load_state_dict(sd)  # copies in place: stacked acting views stay bound
+        self.weights_version = version
+
+    def rollout(self, n_steps: int, global_step: int, weights: tuple[int, list] | None = None) -> Rollout:
+        """Step at least ``n_steps`` agent steps; epsilon counts from ``max(own count, global_step)``."""
+        if weights is not None and weights[0] > self.weights_version:
+            self.set_weights(*weights)
+        self.acting.step = max(self.acting.step, int(global_step))
+        start = self.acting.step
+        while self.acting.step - start < n_steps:
+            self.acting.step_envs()
+        entries, episodes = self.sink.take()
+        return Rollout(self.index, self.acting.step - start, entries, episodes, self.incarnation)
+
+    def close(self) -> None:
+        self.acting.close()
+
+
+@dataclass
+class ActorLost:
+    """A pool's answer when an actor died with batches outstanding (they are dropped, never counted)."""
+
+    actor: int
+    reason: str
+
+
+class InlinePool:
+    """Actors driven one call at a time in this process (no Ray): the reference the Ray pool matches."""
+
+    def __init__(self, config: Config, env: Any = None):
+        self.actors = [Actor(config.to_dict(), i, env) for i in range(config.actors)]
+        self.calls: list[tuple[int, tuple]] = []
+
+    def submit(self, actor: int, n_steps: int, global_step: int, weights: Any) -> None:
+        self.calls.append((actor, (n_steps, global_step, weights)))
+
+    def next(self, timeout: float | None = None) -> Rollout | ActorLost | None:
+        if not self.calls:
+            return None
+        actor, args = self.calls.pop(0)
+        return self.actors[actor].rollout(*args)
+
+    def close(self) -> None:
+        for a in self.actors:
+            a.close()
+
+
+class RayPool:
+    """Actors as Ray actors (``max_restarts=-1``); results in completion order."""
+
+    def __init__(self, config: Config, env_spec: Any):
+        try:
+            import ray
+        except ImportError:
+            raise MadqnError("backend = 'ray' needs Ray: pip install 'madqn[ray]'") from None
+
+        if not isinstance(env_spec, str):
+            raise MadqnError("backend = 'ray' needs the env as a spec string (an Atari name, 'package.module:callable' "
+                             "or 'file.py:callable') that every actor process can build")
+        self.ray = ray
+        self.started = False
+        if not ray.is_initialized():
+            if config.ray_address:
+                ray.init(address=config.ray_address, log_to_driver=False)
+            else:  # a local instance; workers import this checkout of madqn
+                root = str(Path(__file__).resolve().parents[2])
+                path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+                ray.init(num_cpus=max(config.actors, os.cpu_count() or 1), include_dashboard=False,
+                         log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+            self.started = True
+        remote = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=-1)(RayActorProcess)
+        self.handles = [remote.remote(config.to_dict(), i, env_spec) for i in range(config.actors)]
+        self.pending: dict[Any, int] = {}  # object ref -> actor
+
+    def submit(self, actor: int, n_steps: int, global_step: int, weights: Any) -> None:
+        ref = self.handles[actor].rollout.remote(n_steps, global_step, weights)
+        self.pending[ref] = actor
+
+    def next(self, timeout: float | None = None) -> Rollout | ActorLost | None:
+        if not self.pending:
+            return None
+        ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=timeout)
+        if not ready:
+            return None
+        actor = self.pending.pop(ready[0])
+        try:
+            return self.ray.get(ready[0])
+        except self.ray.exceptions.RayActorError as e:
+            for ref in [r for r, a in self.pending.items() if a == actor]:  # its other calls fail too
+                del self.pending[ref]
+            return ActorLost(actor, type(e).__name__)
+        except self.ray.exceptions.RayTaskError as e:  # the actor's code raised: a bug or a bad env, not a crash
+            cause = e.cause if getattr(e, "cause", None) is not None else e
+            raise MadqnError(f"actor {actor} failed: {type(cause).__name__}: {str(cause).strip().splitlines()[-1]}") \
+                from None
+
+    def pids(self) -> list[int]:
+        return self.ray.get([h.pid.remote() for h in self.handles])
+
+    def close(self) -> None:
+        for h in self.handles:
+            try:
+                self.ray.kill(h, no_restart=True)
+            except Exception:
+                pass
+        self.handles = []
+        if self.started:
+            self.ray.shutdown()
+
+
+class RayActorProcess:
+    """The Ray actor: an :class:`Actor` built inside the actor process (reseeded when Ray rebuilds it)."""
+
+    def __init__(self, config_dict: dict[str, Any], index: int, env_spec: str):
+        import ray
+
+        torch.set_num_threads(1)
+        reseed = 0
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            reseed = int(np.random.default_rng().integers(1, 2**20)) * 1000  # fresh episodes, not a replay of old ones
+        self.actor = Actor(config_dict, index, env_spec, reseed)
+
+    def rollout(self, n_steps: int, global_step: int, weights: Any) -> Rollout:
+        import ray
+
+        if weights[0] > self.actor.weights_version:  # fetch only a newer version (a rebuilt actor has none)
+            weights = (weights[0], ray.get(weights[1]))
+        return self.actor.rollout(n_steps, global_step, weights)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class ActorFeed:
+    """The acting side of a Ray run as its learner sees it: actor batches into the learner set's replay.
+
+    Actor ``a``'s env copy ``c`` is copy ``a * num_envs + c`` of the learner set. Each stream's newest
+    entry is held back until its successor arrives (or it is a final frame), so when an actor is lost
+    its open episodes end in replay at their last received frame (:meth:`close_streams`), as the
+    in-process trainer ends an env copy reset mid-episode. A checkpoint carries the held entries; a
+    resumed run's actors start fresh episodes and :meth:`close_interrupted_episodes` ends the old ones.
+    """
+
+    def __init__(self, learners: LearnerSet, num_envs: int, rng: np.random.Generator):
+        self.learners = learners
+        self.num_envs = num_envs
+        self.rng = rng  # seeded the replay memories; kept in checkpoints like the in-process acting generator
+        self.held: dict[tuple[str, int], Entry] = {}  # (agent, copy) -> its newest entry, stored when a successor comes
+        self.incarnations: dict[int, str] = {}  # actor -> id of the actor object its last batch came from
+        self.actor_restarts = 0
+
+    def ingest(self, batch: Rollout, step: int) -> None:
+        known = self.incarnations.get(batch.actor)
+        if known is not None and known != batch.incarnation:  # Ray rebuilt the actor; its lost batch never came
+            self.close_streams(batch.actor, "was restarted by Ray", step)
+        self.incarnations[batch.actor] = batch.incarnation
+        for agent, local, frame, action, reward, terminal, episode_end, mask in batch.entries:
+            copy = batch.actor * self.num_envs + local
+            self.learners.note_reward(agent, reward)
+            held = self.held.pop((agent, copy), None)
+            if held is not None:
+                self.learners.store(*held)
+            entry = (agent, copy, frame, action, reward, terminal, episode_end, mask)
+            if episode_end:
+                self.learners.store(*entry)
+            else:
+                self.held[(agent, copy)] = entry
+
+    def close_streams(self, actor: int, what: str, step: int) -> None:
+        """An actor process died: end its open episodes in replay at their last received frame (truncated).
+        Its unfinished batch was never received, so never counted; the new actor fetches the current
+        weights with its first call."""
+        self.actor_restarts += 1
+        for agent, copy in [k for k in self.held if k[1] // self.num_envs == actor]:
+            self._end_at(self.held.pop((agent, copy)))
+        print(f"madqn: actor {actor} {what} before step {step}; its unfinished batch is dropped "
+              f"(not counted), its episodes end in replay, training continues", file=sys.stderr, flush=True)
+
+    def _end_at(self, entry: Entry) -> None:
+        agent, copy, frame, _, _, _, _, mask = entry
+        self.learners.store(agent, copy, frame, 0, 0.0, False, True, mask)
+
+    def state_dict(self) -> dict[str, Any]:
+        """No env or slot state (the actors' episodes are not resumed); the held entries."""
+        return {"rng": self.rng.bit_generator.state, "envs": [], "slots": [], "observations": [],
+                "action_masks": [], "held": [{"agent": e[0], "copy": e[1], "frame": e[2], "mask": e[7]}
+                                             for e in self.held.values()]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Returns False: a resumed run's actors start fresh episodes."""
+        self.rng.bit_generator.state = state["rng"]
+        return False
+
+    def close_interrupted_episodes(self, state: dict[str, Any]) -> None:
+        """After the replay memory is restored: end each stream's interrupted episode at its held entry."""
+        for h in state.get("held", []):
+            self._end_at((h["agent"], int(h["copy"]), h["frame"], 0, 0.0, False, True, h["mask"]))
+
+
+class DistributedTrainer(TrainerBase):
+    """The learner of a distributed run: a learner set and the usual hooks, fed by a pool of actors.
+
+    ``pool``: ``"ray"`` or ``"inline"`` (actors in this process, for tests). Checkpoints carry networks,
+    optimizers, counters, generators and the held replay entries; a resumed run's actors start fresh
+    episodes.
+    """
+
+    def __init__(self, config: Config, env: Any = None, hooks: Iterable[Hook] = (), pool: str = "ray"):
+        if config.overlap:
+            raise MadqnError("backend = 'ray' learns in this process while the actors act: overlap must be false")
+        if config.video_freq:
+            raise MadqnError("backend = 'ray' does not record training videos (video_freq = 0); "
+                             "record them afterwards with: madqn video RUN_DIR")
+        self.config = config
+        self.hooks = list(hooks)
+        self.device = resolve_device(config.device)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.env_spec = config.env if env is None else env
+        self.pool = InlinePool(config, env) if pool == "inline" else RayPool(config, self.env_spec)
+        probe, has_masks = self._probe_env()
+        self.agents = list(probe.possible_agents)
+        self.observation_specs = observation_specs(probe, config)  # raw observation -> network input (checkpoints)
+        self.action_starts = action_starts(probe)
+        torch.manual_seed(config.seed)  # the learners start as the in-process trainer's do
+        replay_seeds, rng = replay_seeds_and_acting_rng(config.seed, len(group_members(config, self.agents)))
+        self.learners = LearnerSet(config, probe, config.num_envs * config.actors, has_masks, replay_seeds,
+                                   self.device)
+        self.acting = ActorFeed(self.learners, config.num_envs, rng)
+        self.step = 0
+        self.episodes = 0
+        self.start_time = time.time()
+        self.weights_version = 0
+        self.rounds_since_sync = 0
+        self._published: tuple[int, Any] | None = None
+        if not isinstance(self.pool, InlinePool):
+            probe.close()
+
+    def _probe_env(self) -> tuple[Any, bool]:
+        """An env built here for the spaces and agent names (inline pool: its first actor's), and whether
+        its observations come with action masks."""
+        if isinstance(self.pool, InlinePool):
+            acting = self.pool.actors[0].acting
+            return acting.envs[0], any("action_mask" in info for infos in acting.infos for info in infos.values())
+        from madqn.envs.adapters import make_env
+
+        env = make_env(self.env_spec, self.config, seed=self.config.seed)
+        _, infos = env.reset()
+        return env, any("action_mask" in info for info in infos.values())
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        c = self.config
+        for _ in range(c.max_in_flight):
+            for a in range(c.actors):
+                self.pool.submit(a, c.rollout_len, self.step, self._current_weights())
+        while self.step < c.steps and not self.stop_requested:
+            result = self.pool.next(timeout=0 if self._may_float() else None)
+            if result is None:
+                if not self._may_float():
+                    raise MadqnError("no actor has a batch outstanding (internal error)")
+                self._floating_round()  # no batch waiting: the learner keeps going
+                continue
+            if isinstance(result, ActorLost):  # out of restarts, or no task retries on this cluster
+                self.acting.close_streams(result.actor, f"was lost ({result.reason})", self.step)
+                self.pool.submit(result.actor, c.rollout_len, self.step, self._current_weights())
+                continue
+            prev = self.step
+            self._ingest(result)
+            self.step = prev + result.steps
+            if c.update_ratio == "fixed":
+                n_updates, sync_target = self.learners.due(prev, self.step)
+                self.learners.run_round(n_updates, self.step, sync_target)
+                self._rounds_done(n_updates // c.n_replay)
+            self.pool.submit(result.actor, c.rollout_len, self.step, self._current_weights())
+            for h in self.hooks:
+                h.on_step(self)
+
+    def _may_float(self) -> bool:
+        return self.config.update_ratio == "float" and self.learners.learn_from < self.step
+
+    def _floating_round(self) -> None:
+        """``update_ratio = "float"``: one round (n_replay updates per learner) whenever no batch waits; the
+        target syncs every ``target_q / update_freq`` rounds."""
+        c = self.config
+        rounds = self.groups[0].updates // c.n_replay + 1
+        sync_target = c.target_q > 0 and rounds % max(1, c.target_q // c.update_freq) == 0
+        self.learners.run_round(c.n_replay, self.step, sync_target)
+        self._rounds_done(1)
+
+    def _rounds_done(self, rounds: int) -> None:
+        """Publish the online weights to the actors every ``sync_every`` learning rounds."""
+        self.rounds_since_sync += rounds
+        if self.rounds_since_sync >= self.config.sync_every:
+            self.rounds_since_sync = 0
+            self.weights_version += 1
+            self._published = None
+
+    def _current_weights(self) -> tuple[int, list]:
+        if self._published is None or self._published[0] != self.weights_version:
+            weights = [{k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}
+                       for net in self.learners.online_networks]
+            payload = (self.weights_version, weights)
+            if isinstance(self.pool, RayPool):
+                payload = (self.weights_version, self.pool.ray.put(weights))  # one copy in the object store
+            self._published = payload
+        return self._published
+
+    def _ingest(self, batch: Rollout) -> None:
+        self.acting.ingest(batch, self.step)
+        for r in batch.episodes:
+            self.episodes += 1
+            record = EpisodeRecord(self.step + batch.steps, self.episodes, batch.actor * self.config.num_envs
+                                   + r.env_index, r.scores, r.lengths, r.truncated)
+            for h in self.hooks:
+                h.on_episode(self, record)
+
+    def close(self) -> None:
+        self.pool.close()
