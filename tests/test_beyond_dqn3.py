@@ -422,7 +422,6 @@ def test_every_switch_with_the_local_trainer(sharing):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("ray")
 def test_every_switch_on_ray(tmp_path):
     """A real Ray run (2 actor processes) with all five switches."""
     import madqn

@@ -24,9 +24,8 @@ TINY = dict(env=CATCH, replay_memory=500, learn_start=100, prog_freq=100, save_f
 
 import ray  # noqa: E402  (the test extra installs it: a missing Ray must fail, not skip)
 
-# One local Ray instance at a time (the tests check that none is left behind): with pytest-xdist
-# (`-n 2 --dist loadgroup`), every Ray test runs in the same worker.
-pytestmark = pytest.mark.xdist_group("ray")
+# One local Ray instance at a time (the tests check that none is left behind): `make test` runs pytest-xdist
+# with `--dist loadfile`, so every test of this file runs in the same worker.
 
 
 def ray_processes(wait_s: float = 15.0) -> list[str]:
@@ -112,9 +111,10 @@ class CountingTrainer(DistributedTrainer):
 
 
 def test_killed_ray_actor_is_replaced_and_nothing_is_counted_twice(capfd):
-    # replay large enough not to wrap (each of the 2 actors' streams holds 1200 entries, all the steps of the
-    # run, whichever actor makes them); 30-step batches end mid-episode (episodes last 4 steps)
-    cfg = Config(**{**TINY, "replay_memory": 2400, "rollout_len": 30}, steps=1200, actors=2, backend="ray",
+    # replay large enough not to wrap: an agent's budget is split over the 2 actors' streams, and each stream
+    # must hold all the run's entries of that agent, whichever actor makes them (1,200 steps plus one
+    # episode-end entry per 4-step episode: 1,500 at most); 30-step batches end mid-episode
+    cfg = Config(**{**TINY, "replay_memory": 2 * 1600, "rollout_len": 30}, steps=1200, actors=2, backend="ray",
                  sharing="shared")
     killer = KillActorOnce(at=400)
     trainer = CountingTrainer(cfg, hooks=[killer])
@@ -139,7 +139,8 @@ def test_killed_ray_actor_is_replaced_and_nothing_is_counted_twice(capfd):
     assert not ray_processes()
 
 
-@pytest.mark.parametrize("sharing", ["shared", "independent"])
+# the independent run repeats the same CLI path with two learners: slow tier
+@pytest.mark.parametrize("sharing", ["shared", pytest.param("independent", marks=pytest.mark.slow)])
 def test_cli_ray_backend_trains_and_writes_the_local_run_directory(tmp_path, madqn_cli, sharing):
     common = ["--env", CATCH, "--sharing", sharing, "--steps", "600", "--set", "replay_memory=500",
               "--set", "learn_start=100", "--set", "prog_freq=100", "--set", "save_freq=300", "--set", "eval_freq=0",

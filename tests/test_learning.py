@@ -87,8 +87,10 @@ def check_gridrace(result, factory):
 AEC_GRIDRACE = dict(steps=7_000, learn_start=170, target_q=170, ep_endt=1_700, n_replay=3)
 
 
+@pytest.mark.slow
 def test_mlp_learns_gridrace_turn_by_turn(tmp_path):
-    """Default suite: the AEC version (agents finish at different times, one joins late), ~20 s of CPU."""
+    """The AEC version (agents finish at different times, one joins late), ~35 s of CPU. The default suite
+    covers turn-based play through tests/test_classic.py and test_env_adapters.py."""
     factory = madqn.envs.adapters.load_env_factory(str(ROOT / "envs" / "gridrace.py") + ":make_aec_env")
     check_gridrace(madqn.train(factory, ROOT / "configs" / "gridrace.toml", run_dir=tmp_path / "run",
                                **AEC_GRIDRACE), factory)
