@@ -17,9 +17,9 @@ TORCH_VERSION   ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TRAIN_STAMP     := $(VENV)/.installed-train
 TEST_STAMP      := $(VENV)/.installed-test
-# the default suite runs on every core (pytest-xdist; a file's tests share one worker, so module fixtures are
-# built once and the Ray tests run one at a time); PYTEST_WORKERS= runs it in one process
-PYTEST_WORKERS  ?= -n auto --dist loadfile
+# the default suite runs on every core (pytest-xdist, work stealing; the Ray tests take turns through a
+# lock file); PYTEST_WORKERS= runs it in one process
+PYTEST_WORKERS  ?= -n auto --dist worksteal
 
 .PHONY: install install-test torch test test-slow train bench clean
 

@@ -24,8 +24,17 @@ TINY = dict(env=CATCH, replay_memory=500, learn_start=100, prog_freq=100, save_f
 
 import ray  # noqa: E402  (the test extra installs it: a missing Ray must fail, not skip)
 
-# One local Ray instance at a time (the tests check that none is left behind): `make test` runs pytest-xdist
-# with `--dist loadfile`, so every test of this file runs in the same worker.
+
+
+@pytest.fixture(autouse=True)
+def one_ray_instance_at_a_time(tmp_path_factory):
+    """The tests check that no Ray process is left behind, so under pytest-xdist (`make test`) they take
+    turns: a lock file in the session's temporary directory, shared by the workers."""
+    import fcntl
+
+    with open(tmp_path_factory.getbasetemp().parent / "ray-tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def ray_processes(wait_s: float = 15.0) -> list[str]:

@@ -25,7 +25,8 @@ def madqn_cmd(*args):
     return [sys.executable, "-m", "madqn", *args], env
 
 
-@pytest.mark.parametrize("sharing", ["shared", "independent"])
+# independent networks on Atari are also trained by tests/test_export.py; the CLI repeat is in the slow tier
+@pytest.mark.parametrize("sharing", ["shared", pytest.param("independent", marks=pytest.mark.slow)])
 def test_cli_train_pong_does_gradient_updates(tmp_path, sharing):
     run_dir = tmp_path / "run"
     cmd, env = madqn_cmd("train", "--env", "pong_v3", "--config", str(SMOKE),
