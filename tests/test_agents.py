@@ -50,6 +50,7 @@ def test_load_agents_acts_greedily_on_its_history(catch_run):
             q = network(torch.as_tensor(history[None]), torch.tensor([1])).numpy()[0]
         actions = agents.act(obs)
         assert actions["catcher_1"] in np.flatnonzero(q == q.max())
+        np.testing.assert_array_equal(agents.q_values("catcher_1"), q)  # the Q-values of the history it acted on
         obs, *_ = env.step(actions)
 
 

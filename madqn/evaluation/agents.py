@@ -141,6 +141,10 @@ class Agents:
             actions.update({a: int(x) + self.action_starts[a] for a, x in zip(members, chosen)})
         return {a: actions[a] for a in observations}
 
+    def q_values(self, agent: str) -> np.ndarray:
+        """The Q-values of ``agent``'s current recent history (as of its last ``act``), one per action."""
+        return self._q_values(self.networks[agent], [agent])[0]
+
     def _q_values(self, network: nn.Module, agents: list[str]) -> np.ndarray:
         states = torch.as_tensor(np.stack([self.histories[a].state() for a in agents]), device=self.device)
         ids = None

@@ -1,0 +1,38 @@
+"""Greedy actions and Q spread of a trained pong_v3 / ALE/Pong-v5 checkpoint on 600 states of its own play.
+
+    python docs/results/probe_greedy_actions.py runs/pong_fast_shared/checkpoints/latest.pt
+
+The agents play each other (or the built-in opponent) with 20% random actions, seed 5; at every state the
+greedy action of each agent and the spread of its Q-values (max - min) are recorded.
+"""
+import collections
+import sys
+
+import numpy as np
+import torch
+
+from madqn.envs.atari import make_atari_env
+from madqn.evaluation.agents import load_agents, load_checkpoint
+
+torch.set_num_threads(1)
+path = sys.argv[1]
+agents = load_agents(path, seed=0)
+env = make_atari_env(load_checkpoint(path)[1].env)
+obs, infos = env.reset(seed=5)
+agents.reset()
+greedy = {a: collections.Counter() for a in env.possible_agents}
+spread = {a: [] for a in env.possible_agents}
+rng = np.random.default_rng(0)
+for t in range(600):
+    actions = agents.act(obs, infos, epsilon=0.0)
+    for a in obs:
+        q = agents.q_values(a)
+        spread[a].append(float(q.max() - q.min()))
+        greedy[a][actions[a]] += 1
+    actions = {a: int(rng.integers(env.action_space(a).n)) if rng.random() < 0.2 else x for a, x in actions.items()}
+    obs, _, _, _, infos = env.step(actions)
+    if not env.agents:
+        obs, infos = env.reset(seed=t)
+        agents.reset()
+for a in env.possible_agents:
+    print(f"{a}: greedy actions {dict(sorted(greedy[a].items()))}, mean Q spread {np.mean(spread[a]):.4f}")
