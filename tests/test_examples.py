@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT / "envs"))
 
 import catch  # noqa: E402
 import gridrace  # noqa: E402
+import pong_vs_random  # noqa: E402
 import shared_catch  # noqa: E402
 from helpers import read_csv  # noqa: E402
 
@@ -62,6 +63,27 @@ def test_same_seed_same_episode(factory):
 
 
 # ---- rules ---------------------------------------------------------------------------------
+
+def test_pong_vs_random_is_pong_v3_with_a_seeded_random_second_seat():
+    """envs/pong_vs_random.py: first_0's frames, rewards and episode end are exactly pong_v3's under the joint
+    action (learner's action, second_0 drawn from the episode's seeded generator); it passes the API test."""
+    parallel_api_test(pong_vs_random.make_env(), num_cycles=50)
+    env, reference = pong_vs_random.make_env(), madqn.envs.atari.make_atari_env("pong_v3")
+    obs, _ = env.reset(seed=3)
+    ref_obs, _ = reference.reset(seed=3)
+    opponent, learner = np.random.default_rng([3, 1]), np.random.default_rng(0)
+    rewards = []
+    for _ in range(1_000):
+        action = int(learner.integers(6))
+        joint = {"first_0": action, "second_0": int(opponent.integers(6))}
+        assert env.agents == ["first_0"] and np.array_equal(obs["first_0"], ref_obs["first_0"])
+        obs, reward, term, trunc, _ = env.step({"first_0": action})
+        ref_obs, ref_reward, ref_term, ref_trunc, _ = reference.step(joint)
+        assert list(obs) == ["first_0"]
+        assert (reward["first_0"], term["first_0"], trunc["first_0"]) == (
+            ref_reward["first_0"], ref_term["first_0"], ref_trunc["first_0"])
+        rewards.append(reward["first_0"])
+    assert -1.0 in rewards and 1.0 in rewards  # points were played both ways
 
 def test_shared_catch_one_screen_for_all_and_optimal_moves_match_a_search():
     """Every catcher gets the same frame; optimal_moves (a look-ahead of the ball) agrees with an exhaustive
