@@ -8,7 +8,8 @@ import torch
 
 from madqn.training.checkpoint import safe_load
 from madqn.config import make_config
-from madqn.evaluation.eval_hook import draw_validation_set, validation_statistics
+from madqn.core.networks import DQN3ConvNet
+from madqn.evaluation.eval_hook import draw_validation_set, network_health, validation_statistics
 from madqn.training.trainer import Trainer
 from helpers import read_csv  # noqa: E402
 
@@ -44,6 +45,68 @@ def test_validation_statistics_match_a_per_sample_computation():
         # the same generator seed draws the same held-out set
         again = draw_validation_set(g, 40, np.random.default_rng(0), trainer.device)
         assert torch.equal(again.states, valid.states) and torch.equal(again.actions, valid.actions)
+
+
+def test_unit_activity_and_q_spread_match_a_direct_computation_and_see_a_dead_layer():
+    """DQN3ConvNet.unit_activity against the layers applied one by one; a dead conv3 gives activity 0 there and a
+    Q spread of exactly 0 across states (network_health), a live network neither."""
+    torch.manual_seed(0)
+    net = DQN3ConvNet(6, hist_len=4, n_agents=2)
+    frames = torch.randint(0, 256, (24, 4, 84, 84), dtype=torch.uint8)
+    ids = torch.arange(24) % 2
+    planes = torch.zeros(24, 2, 84, 84)
+    planes[torch.arange(24), ids] = 1.0  # the agent indicator as the concatenated one-hot planes it stands for
+    with torch.no_grad():
+        h = torch.relu(net.conv1(torch.cat([frames.float() / 255, planes], dim=1)))
+        expected = {}
+        for name, layer in (("conv1", None), ("conv2", net.conv2), ("conv3", net.conv3), ("fc", net.fc)):
+            h = h if layer is None else torch.relu(layer(h.flatten(1) if name == "fc" else h))
+            units = h.reshape(24, h.shape[1], -1)
+            expected[name] = float(sum(bool((units[:, k] > 0).any()) for k in range(h.shape[1]))) / h.shape[1]
+    assert net.unit_activity(frames, ids) == pytest.approx(expected, abs=1e-9)
+    assert all(0 < a <= 1 for a in expected.values())
+
+    class Held:  # what network_health reads of a learner and a validation set
+        online_network, uses_agent_ids = net, True
+
+    valid = type("Valid", (), {"states": frames, "agent_ids": ids, "__len__": lambda self: 24})()
+    spread, active = network_health(Held(), valid, chunk=10)
+    assert spread > 0 and active == pytest.approx(expected, abs=1e-9)
+    with torch.no_grad():
+        net.conv3.bias.fill_(-1e3)
+    spread, active = network_health(Held(), valid, chunk=10)
+    assert active["conv3"] == 0.0 and active["conv2"] == pytest.approx(expected["conv2"]) and spread == 0.0
+
+
+def test_a_dead_network_is_reported_in_valid_csv_and_by_a_warning(tmp_path, capsys):
+    import madqn
+    import madqn.training.trainer
+
+    class KillConv3(madqn.training.trainer.Hook):
+        def on_start(self, trainer):
+            with torch.no_grad():
+                trainer.groups[0].learner.online_network.conv3.bias.fill_(-1e3)
+
+    madqn.train("pong_v3", SMOKE, run_dir=tmp_path / "run", steps=120, learn_start=40, sharing="shared",
+                num_threads=1, seed=3, max_cycles=40, eval_freq=60, eval_steps=40, valid_size=20,
+                final_eval_episodes=0, hooks=[KillConv3()])
+    rows = read_csv(tmp_path / "run" / "valid.csv")
+    assert [(int(r["step"]), float(r["q_state_std"]), float(r["min_active"])) for r in rows] == [(60, 0.0, 0.0),
+                                                                                              (120, 0.0, 0.0)]
+    assert "learner shared: no unit of conv3 is active on any of the 20 validation states" in capsys.readouterr().out
+
+
+def test_csv_files_of_an_earlier_version_gain_the_new_columns(tmp_path):
+    from madqn.training.metrics import CsvWriter
+
+    path = tmp_path / "valid.csv"
+    path.write_text("step,learner,V\n10,shared,0.5\n")
+    writer = CsvWriter(path, ["step", "learner", "V", "q_state_std"])
+    writer.write({"step": 20, "learner": "shared", "V": 0.6, "q_state_std": 0.01})
+    writer.close()
+    assert path.read_text().splitlines() == ["step,learner,V,q_state_std", "10,shared,0.5", "20,shared,0.6,0.01"]
+    CsvWriter(path, ["step", "learner", "V", "q_state_std"]).close()  # already current: left as it is
+    assert path.read_text().splitlines()[0] == "step,learner,V,q_state_std"
 
 
 def run_with(tmp_path, name, **overrides):

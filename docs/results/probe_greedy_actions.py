@@ -11,13 +11,15 @@ import sys
 import numpy as np
 import torch
 
+from madqn.envs.adapters import load_env_factory
 from madqn.envs.atari import make_atari_env
 from madqn.evaluation.agents import load_agents, load_checkpoint
 
 torch.set_num_threads(1)
 path = sys.argv[1]
 agents = load_agents(path, seed=0)
-env = make_atari_env(load_checkpoint(path)[1].env)
+spec = load_checkpoint(path)[1].env  # an Atari name, or a custom env such as envs/pong_vs_random.py:make_env
+env = load_env_factory(spec)() if ":" in spec else make_atari_env(spec)
 obs, infos = env.reset(seed=5)
 agents.reset()
 greedy = {a: collections.Counter() for a in env.possible_agents}

@@ -95,6 +95,14 @@ class DQN3ConvNet(nn.Module):
             self.out = nn.Linear(512, n_actions)
 
     def forward(self, frames: Tensor, agent_ids: Tensor | None = None) -> Tensor:
+        h = self.conv_features(frames, agent_ids)[-1]
+        if self.dueling:
+            return self.head(h.flatten(1))
+        h = F.relu(self.fc(h.flatten(1)))
+        return self.out(h)
+
+    def conv_features(self, frames: Tensor, agent_ids: Tensor | None = None) -> list[Tensor]:
+        """The ReLU outputs of conv1, conv2 and conv3 (the head reads the last one, flattened)."""
         batch = frames.shape[0]
         expected = (self.hist_len, self.frame_size, self.frame_size)
         if frames.dim() != 4 or tuple(frames.shape[1:]) != expected:
@@ -114,13 +122,21 @@ class DQN3ConvNet(nn.Module):
             h = h + bias_BC.to(h.dtype)[:, :, None, None]  # in the conv's dtype (bf16 + fp32 would give fp32)
         else:
             h = F.conv2d(x, w, self.conv1.bias, stride=4)
-        h = F.relu(h)
-        h = F.relu(self.conv2(h))
-        h = F.relu(self.conv3(h))
-        if self.dueling:
-            return self.head(h.flatten(1))
-        h = F.relu(self.fc(h.flatten(1)))
-        return self.out(h)
+        h1 = F.relu(h)
+        h2 = F.relu(self.conv2(h1))
+        return [h1, h2, F.relu(self.conv3(h2))]
+
+    def unit_activity(self, frames: Tensor, agent_ids: Tensor | None = None) -> dict[str, float]:
+        """Per ReLU layer, the fraction of its units (conv layers: channels) active (> 0) on at least one of
+        ``frames``. A layer at 0 passes nothing of the input on: Q no longer depends on the state, and no
+        gradient reaches the layers below it (dying ReLUs)."""
+        with torch.no_grad():
+            layers = self.conv_features(frames, agent_ids)
+            if not self.dueling:
+                layers.append(F.relu(self.fc(layers[-1].flatten(1))))
+        names = ["conv1", "conv2", "conv3", "fc"]
+        return {name: (h.reshape(h.shape[0], h.shape[1], -1) > 0).any(dim=2).any(dim=0).float().mean().item()
+                for name, h in zip(names, layers)}
 
 
 class MLPQNetwork(nn.Module):

@@ -12,12 +12,14 @@ cancel, so ``"self"`` does not rank networks there; ``"random"`` does.)
 
 Validation (DQN3.0 ``NeuralQLearner:compute_validation_statistics``): ``valid_size`` transitions
 are drawn once from each learner's replay memory when learning starts; after each evaluation
-V = mean max_a Q_target(s2, a) and the mean |clipped delta| over them are reported.
+V = mean max_a Q_target(s2, a) and the mean |clipped delta| over them are reported, with two signs of a
+network that has stopped reading its input (``network_health``): the spread of Q across the states, and the
+smallest fraction of a ReLU layer's units active on any of them (a warning is printed when a layer is dead).
 
 Files: ``eval.csv`` (one row per seat per evaluation: episodes, mean, std, 95% CI, mean length),
 ``eval_episodes.csv`` (the raw rows of ``madqn.evaluation.protocol`` with the step), ``valid.csv`` (one row
 per learner per evaluation). Scalars: ``eval/score``, ``eval/score/<seat>``, ``valid/V/<learner>``,
-``valid/td_error/<learner>``. Training is unchanged by evaluating: the env copy, the policies' and
+``valid/td_error/<learner>``, ``valid/q_state_std/<learner>``, ``valid/active/<learner>/<layer>``. Training is unchanged by evaluating: the env copy, the policies' and
 the validation draw's random generators are their own (seeded from ``seed``), networks run under
 ``no_grad``. A resumed run drops rows written after its checkpoint and redraws the validation set.
 """
@@ -43,7 +45,7 @@ from madqn.training.trainer import Hook, Trainer
 BEST = "best.pt"
 EVAL_FIELDS = ["step", "seat", "opponent", "episodes", "mean", "std", "ci_low", "ci_high", "length_mean", "epsilon",
                "wall_time"]
-VALID_FIELDS = ["step", "learner", "V", "td_error", "size"]
+VALID_FIELDS = ["step", "learner", "V", "td_error", "size", "q_state_std", "min_active"]
 EVAL_SEED_OFFSET = 2_000_000  # evaluation episodes use seeds seed + 2e6 + k (the training envs use seed + 1000 i)
 VALID_SEED_OFFSET = 3_000_017
 
@@ -97,6 +99,22 @@ def validation_statistics(learner: Learner, valid: ValidationSet, chunk: int = 2
             q2_sum += float(q2_max.double().sum())
             delta_sum += float(delta.abs().double().sum())
     return q2_sum / len(valid), delta_sum / len(valid)
+
+
+def network_health(learner: Learner, valid: ValidationSet, chunk: int = 256) -> tuple[float, dict[str, float]]:
+    """(Q spread across states, unit activity) of the online network on ``valid``'s states.
+
+    The spread is the standard deviation of Q(s, a) over the states, averaged over the actions: 0 when the
+    network's output no longer depends on its input. The activity (conv networks; {} otherwise) is, per ReLU
+    layer, the fraction of units active on at least one state (``DQN3ConvNet.unit_activity``).
+    """
+    net = learner.online_network
+    ids = valid.agent_ids if learner.uses_agent_ids else None
+    with torch.no_grad():
+        q = torch.cat([net(valid.states[lo:lo + chunk], None if ids is None else ids[lo:lo + chunk]).double()
+                       for lo in range(0, len(valid), chunk)])
+    spread = float(q.std(dim=0).mean()) if len(valid) > 1 else math.nan
+    return spread, (net.unit_activity(valid.states, ids) if hasattr(net, "unit_activity") else {})
 
 
 class EvalHook(Hook):
@@ -217,10 +235,20 @@ class EvalHook(Hook):
         for g in trainer.groups:
             if g.name in self.valid:
                 v, td = validation_statistics(g.learner, self.valid[g.name])
+                spread, active = network_health(g.learner, self.valid[g.name])
                 self.writers["valid"].write({"step": trainer.step, "learner": g.name, "V": v, "td_error": td,
-                                             "size": len(self.valid[g.name])})
+                                             "size": len(self.valid[g.name]), "q_state_std": spread,
+                                             "min_active": min(active.values()) if active else ""})
                 scalars[f"valid/V/{g.name}"], scalars[f"valid/td_error/{g.name}"] = v, td
+                scalars[f"valid/q_state_std/{g.name}"] = spread
+                scalars.update({f"valid/active/{g.name}/{layer}": frac for layer, frac in active.items()})
                 parts.append(f"{g.name}: V {v:.4g} td_error {td:.4g}")
+                dead = [layer for layer, frac in active.items() if frac == 0.0]
+                if dead:
+                    self._print(f"madqn: warning: learner {g.name}: no unit of {', '.join(dead)} is active on any of the "
+                                f"{len(self.valid[g.name])} validation states, so its Q-values no longer depend on the "
+                                "state and no gradient reaches the layers below (dying ReLUs): this network cannot "
+                                "learn any more; docs/results.md shows how this happens and what prevents it")
         if math.isfinite(score) and score > self.best_score and self._save_best(trainer, score):
             parts.append(f"new best {score:.3g} -> {self.run_dir / 'checkpoints' / BEST}")
         self.history.append((trainer.step, score))

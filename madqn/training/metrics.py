@@ -25,10 +25,22 @@ TRAIN_FIELDS = ["step", "learner", "updates", "abs_delta", "q_mean", "q2_max", "
 
 
 class CsvWriter:
-    """Append rows to a CSV file, writing the header once; flushed on every row."""
+    """Append rows to a CSV file, writing the header once; flushed on every row.
+
+    A file written by an earlier madqn whose columns are the first of ``fieldnames`` (a run resumed after
+    columns were added) is rewritten once with the new header, its rows' new columns left empty."""
 
     def __init__(self, path: Path, fieldnames: list[str]):
         new = not path.exists() or path.stat().st_size == 0
+        if not new:
+            with open(path, newline="") as f:
+                old = next(csv.reader(f), [])
+                rows = list(csv.reader(f)) if old != fieldnames and old == fieldnames[:len(old)] else None
+            if rows is not None:
+                tmp = path.with_name(path.name + ".tmp")
+                with open(tmp, "w", newline="") as f:
+                    csv.writer(f).writerows([fieldnames, *rows])
+                tmp.replace(path)
         self.file: TextIO = open(path, "a", newline="")
         self.writer = csv.DictWriter(self.file, fieldnames=fieldnames)
         if new:
