@@ -103,7 +103,8 @@ def main():
     parser.add_argument("--games", type=int, default=4)
     parser.add_argument("--epsilon", type=float, default=0.05)
     parser.add_argument("--env", default="pong_v3", help="with 'random' or --seat: the env to play")
-    parser.add_argument("--self-play", action="store_true", help="the checkpoint's agents in every seat (training's games)")
+    parser.add_argument("--self-play", action="store_true",
+                        help="the checkpoint's agents in every seat (training's games)")
     parser.add_argument("--seat", help="play a single-agent checkpoint in this seat of --env (e.g. first_0)")
     args = parser.parse_args()
     torch.set_num_threads(1)

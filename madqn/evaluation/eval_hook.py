@@ -19,9 +19,10 @@ smallest fraction of a ReLU layer's units active on any of them (a warning is pr
 Files: ``eval.csv`` (one row per seat per evaluation: episodes, mean, std, 95% CI, mean length),
 ``eval_episodes.csv`` (the raw rows of ``madqn.evaluation.protocol`` with the step), ``valid.csv`` (one row
 per learner per evaluation). Scalars: ``eval/score``, ``eval/score/<seat>``, ``valid/V/<learner>``,
-``valid/td_error/<learner>``, ``valid/q_state_std/<learner>``, ``valid/active/<learner>/<layer>``. Training is unchanged by evaluating: the env copy, the policies' and
-the validation draw's random generators are their own (seeded from ``seed``), networks run under
-``no_grad``. A resumed run drops rows written after its checkpoint and redraws the validation set.
+``valid/td_error/<learner>``, ``valid/q_state_std/<learner>``, ``valid/active/<learner>/<layer>``.
+Training is unchanged by evaluating: the env copy, the policies' and the validation draw's random
+generators are their own (seeded from ``seed``), networks run under ``no_grad``. A resumed run drops rows
+written after its checkpoint and redraws the validation set.
 """
 
 from __future__ import annotations
@@ -245,10 +246,11 @@ class EvalHook(Hook):
                 parts.append(f"{g.name}: V {v:.4g} td_error {td:.4g}")
                 dead = [layer for layer, frac in active.items() if frac == 0.0]
                 if dead:
+                    n = len(self.valid[g.name])
                     self._print(f"madqn: warning: learner {g.name}: no unit of {', '.join(dead)} is active on any of the "
-                                f"{len(self.valid[g.name])} validation states, so its Q-values no longer depend on the "
-                                "state and no gradient reaches the layers below (dying ReLUs): this network cannot "
-                                "learn any more; docs/results.md shows how this happens and what prevents it")
+                                f"{n} validation states, so its Q-values no longer depend on the state and no gradient "
+                                "reaches the layers below (dying ReLUs): this network cannot learn any more; "
+                                "docs/results.md shows how this happens and what prevents it")
         if math.isfinite(score) and score > self.best_score and self._save_best(trainer, score):
             parts.append(f"new best {score:.3g} -> {self.run_dir / 'checkpoints' / BEST}")
         self.history.append((trainer.step, score))
