@@ -44,21 +44,15 @@ def random_play_states(env_name: str, agents, steps: int = 400, seed: int = 0) -
 @torch.no_grad()
 def layer_activity(net, frames: np.ndarray, agent_id: int | None):
     """{layer: (fraction of units ever active, mean active fraction)} and the Q-values, in fp32."""
-    x = torch.as_tensor(frames).float() / 255.0
-    w, hist = net.conv1.weight, net.hist_len
-    bias = net.conv1.bias
-    if net.n_agents:
-        bias = bias + w[:, hist:].sum(dim=(2, 3))[:, agent_id]
-    h1 = F.relu(F.conv2d(x, w[:, :hist], bias, stride=4))
-    h2 = F.relu(net.conv2(h1))
-    h3 = F.relu(net.conv3(h2))
-    h4 = F.relu(net.fc(h3.flatten(1)))
-    q = net.out(h4)
+    x = torch.as_tensor(frames)
+    ids = None if agent_id is None else torch.full((len(frames),), agent_id)
+    layers = net.conv_features(x, ids)  # the network's own conv1-conv3 ReLU outputs
+    layers.append(F.relu(net.fc(layers[-1].flatten(1))))
     out = {}
-    for name, h in (("conv1", h1), ("conv2", h2), ("conv3", h3), ("fc", h4)):
+    for name, h in zip(("conv1", "conv2", "conv3", "fc"), layers):
         units = h.reshape(h.shape[0], h.shape[1], -1)
         out[name] = ((units > 0).any(0).any(-1).float().mean().item(), (units > 0).float().mean().item())
-    return out, q.numpy()
+    return out, net(x, ids).numpy()
 
 
 def main():
