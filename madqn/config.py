@@ -107,9 +107,11 @@ class Config:
 
     # --- beyond DQN3.0 (each off by default; docs/dqn3.md says what each changes) ---------------
     double: bool = _f(False, "Double DQN (van Hasselt et al. 2016): the online network picks the next action, the target network values it")
-    optimizer: str = _f("rmsprop", "'rmsprop': DQN3.0's centred RMSProp (rmsprop_decay, rmsprop_eps); 'adam': Adam with adam_eps (Rainbow: lr 6.25e-5, eps 1.5e-4)",
+    optimizer: str = _f("rmsprop", "'rmsprop': DQN3.0's centred RMSProp (rmsprop_decay, rmsprop_eps); 'adam': Adam with adam_eps (Rainbow: lr 6.25e-5 and eps 1.5e-4 on the mean loss, adam_eps 4.8e-3 here)",
                         choices=("rmsprop", "adam"))
-    adam_eps: float = _f(1.5e-4, "Adam's epsilon (optimizer = 'adam')", min=0.0)
+    adam_eps: float = _f(4.8e-3, "Adam's epsilon (optimizer = 'adam') on madqn's update, the minibatch's SUMMED gradient (DQN3.0's, "
+                         "like rmsprop_eps): an eps meant for a minibatch-MEAN loss, as in Rainbow and most PyTorch code, is multiplied "
+                         "by minibatch_size (Rainbow's 1.5e-4 x 32 = 4.8e-3)", min=0.0)
     dueling: bool = _f(False, "dueling network (Wang et al. 2016): two streams V and A after the conv stack (512 units each; "
                        "the MLP splits its last hidden layer), Q = V + A - mean(A)")
     n_step: int = _f(1, "n-step returns (Sutton 1988; Rainbow): sum up to n_step clipped rewards, discount**k, bootstrap "

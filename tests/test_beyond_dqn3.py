@@ -141,6 +141,35 @@ def _count(net):
     return sum(p.numel() for p in net.parameters())
 
 
+def test_adam_on_the_summed_gradient_with_eps_times_b_is_adam_on_the_mean_loss():
+    """adam_eps's meaning: madqn's Adam descends on the SUMMED minibatch gradient, so adam_eps = eps * B is
+    torch's Adam with eps on the minibatch-MEAN Huber loss (Rainbow's and most PyTorch code's convention),
+    step for step; with adam_eps = eps (no factor B) the steps differ."""
+    import torch.nn.functional as F
+
+    eps, lr, b = 1.5e-4, 0.01, 6
+    batches = [_batch(seed=20 + k) for k in range(3)]
+    ref = _mlp(4)
+    target = copy.deepcopy(ref)
+    learner = _learner(copy.deepcopy(ref), optimizer="adam", adam_eps=eps * b, lr=lr, lr_end=lr)
+    naive = _learner(copy.deepcopy(ref), optimizer="adam", adam_eps=eps, lr=lr, lr_end=lr)
+    opt = torch.optim.Adam(ref.parameters(), lr=lr, eps=eps)
+    for s, a, r, s2, term in batches:
+        opt.zero_grad()
+        with torch.no_grad():
+            y = r + 0.9 * (1 - term) * target(s2).max(dim=1).values
+        q_sa = ref(s).gather(1, a.view(-1, 1)).squeeze(1)
+        F.huber_loss(q_sa, y, reduction="mean", delta=1.0).backward()
+        opt.step()
+        learner.update(s, a, r, s2, term)
+        naive.update(s, a, r, s2, term)
+    for p, e in zip(learner.online_network.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), e.detach(), rtol=1e-5, atol=1e-6)
+    assert any(not torch.allclose(p.detach(), e.detach(), rtol=1e-4, atol=1e-5)
+               for p, e in zip(naive.online_network.parameters(), ref.parameters()))
+    assert Config().adam_eps == pytest.approx(1.5e-4 * 32)  # the default is Rainbow's eps for minibatches of 32
+
+
 def test_dueling_conv_shape_and_parameter_count():
     # conv stack 8,224 + 32,832 + 36,928 = 77,984; two streams 2 * (3136*512 + 512) = 3,212,288;
     # V: 512 + 1 = 513; A: 512*6 + 6 = 3,078  ->  3,293,863 (DQN3.0's net: 1,687,206)
@@ -458,7 +487,7 @@ def test_rainbow_lite_preset_switches_everything_on():
 
     c = make_config(Path(__file__).resolve().parents[1] / "configs" / "rainbow_lite.toml")
     assert (c.double, c.dueling, c.n_step, c.prioritized, c.optimizer) == (True, True, 3, True, "adam")
-    assert (c.lr, c.lr_end, c.adam_eps) == (6.25e-5, 6.25e-5, 1.5e-4)
+    assert (c.lr, c.lr_end, c.adam_eps) == (6.25e-5, 6.25e-5, 4.8e-3)
 
 
 def test_dueling_checkpoint_loads_for_play(tmp_path):

@@ -28,10 +28,24 @@ def test_dqn3_toml_holds_every_default_and_documents_units():
     assert "[agent steps]" in text and "[transitions]" in text
 
 
-@pytest.mark.parametrize("name", ["dqn3.toml", "pong_shared.toml", "pong_independent.toml", "smoke.toml",
-                                  "pong_fast.toml", "pong_single_fast.toml", "boxing_fast.toml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.toml")))
 def test_shipped_configs_load(name):
     make_config(CONFIGS / name)
+
+
+def test_dopamine_preset_has_dopamines_published_dqn_settings():
+    """configs/pong_single_dopamine.toml against dopamine/agents/dqn/configs/dqn.gin (Runner.sticky_actions,
+    WrappedReplayBuffer, DQNAgent.*, tf.train.RMSPropOptimizer.*) with the eps conversion the learner test
+    checks: eps 1e-5 on the mean loss of 32 = 1e-5 * 32^2 on madqn's summed gradient."""
+    c = make_config(CONFIGS / "pong_single_dopamine.toml")
+    dopamine = dict(sticky_actions=0.25, max_cycles=27_000, replay_memory=1_000_000, minibatch_size=32,
+                    discount=0.99, n_step=1, learn_start=20_000, update_freq=4, target_q=8_000, ep_start=1.0,
+                    ep_end=0.01, ep_endt=250_000, optimizer="rmsprop", lr=0.00025, lr_end=0.00025,
+                    rmsprop_decay=0.95, clip_delta=1.0, double=False, dueling=False, prioritized=False,
+                    hist_len=4, action_repeat=4, random_starts=0, terminal_on_life_loss=False,
+                    full_action_space=False, precision="fp32")
+    assert {k: getattr(c, k) for k in dopamine} == dopamine
+    assert c.rmsprop_eps == pytest.approx(1e-5 * 32**2)
 
 
 def test_resolved_toml_round_trips(tmp_path):

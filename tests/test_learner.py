@@ -281,6 +281,49 @@ def test_learner_update_applies_dqn3_rmsprop_to_that_gradient():
     assert all(not p.requires_grad for p in learner.target_network.parameters())
 
 
+def test_summed_update_with_eps_times_batch_squared_is_tensorflows_centred_rmsprop_on_the_mean_loss():
+    """configs/pong_single_dopamine.toml's claim: Dopamine's DQN (TF1 RMSPropOptimizer, centred, eps 1e-5
+    inside the root, on the minibatch MEAN Huber loss) takes the same steps as madqn's summed-gradient
+    update with eps = 1e-5 * B^2. Reference: TF1's update rule written out here on autograd's gradient of
+    the mean loss, with its mean square started at 0 like DQN3.0's (TF starts it at 1, a difference that
+    has decayed below 1e-5 of its start after 225 updates)."""
+    eps_tf, lr, decay, steps = 1e-5, 0.01, 0.95, 3
+    batches = [_batch(seed=10 + k) for k in range(steps)]
+    b = batches[0][0].shape[0]
+    reference = _small_mlp(seed=3)
+    target = copy.deepcopy(reference)
+    ref = copy.deepcopy(reference).double()
+    target64 = copy.deepcopy(target).double()
+    ms = [torch.zeros_like(p) for p in ref.parameters()]
+    mg = [torch.zeros_like(p) for p in ref.parameters()]
+    for states, actions, rewards, next_states, terminals in batches:
+        ref.zero_grad()
+        with torch.no_grad():
+            y = rewards.double() + DISCOUNT * (1 - terminals.double()) * target64(next_states.double()).max(dim=1).values
+        q_sa = ref(states.double()).gather(1, actions.view(-1, 1)).squeeze(1)
+        F.huber_loss(q_sa, y, reduction="mean", delta=1.0).backward()
+        with torch.no_grad():
+            for p, m2, m1 in zip(ref.parameters(), ms, mg):
+                m2.mul_(decay).add_((1 - decay) * p.grad**2)
+                m1.mul_(decay).add_((1 - decay) * p.grad)
+                p -= lr * p.grad / torch.sqrt(m2 - m1**2 + eps_tf)
+
+    learner = _learner(reference, lr=lr, lr_end=lr, eps=eps_tf * b**2)
+    for k, batch in enumerate(batches):
+        learner.update(*batch, step=60 + k)
+    moved = 0.0
+    for p, r, p0 in zip(learner.online_network.parameters(), ref.parameters(), target.parameters()):
+        torch.testing.assert_close(p.detach().double(), r.detach(), rtol=1e-5, atol=1e-6)
+        moved = max(moved, (r.detach() - p0.detach().double()).abs().max().item())
+    assert moved > 1e-3  # the steps are large enough for a wrong eps to show
+    # and DQN3.0's own eps (0.01, whatever the batch) takes different steps on this batch size
+    other = _learner(copy.deepcopy(target), lr=lr, lr_end=lr, eps=0.01)
+    for k, batch in enumerate(batches):
+        other.update(*batch, step=60 + k)
+    assert any(not torch.allclose(p.detach().double(), r.detach(), rtol=1e-3, atol=1e-4)
+               for p, r in zip(other.online_network.parameters(), ref.parameters()))
+
+
 def test_learner_state_dict_round_trip_continues_identically():
     batch = _batch(seed=2)
     a = _learner(_small_mlp(seed=2))

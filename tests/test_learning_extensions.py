@@ -16,7 +16,8 @@ Measured (seed 1; agent steps at the first passing check, budget 4,000 on catch 
 | dueling | 2,250 | 2,000 | 7,000 | 7,000 |
 | n_step 3 | 1,500 | 1,750 | 6,000 | 6,000 |
 | prioritized | 2,750 | 2,250 | 9,000 | 7,000 |
-| adam | 1,250 | 1,250 | 4,000 | 4,000 |
+| adam (adam_eps 4.8e-3) | 1,500 | 1,250 | 4,000 | 3,000 |
+| adam, adam_eps 1.5e-4 | 1,250 | 1,250 | 4,000 | 4,000 |
 | all five (rainbow_lite's switches) | 1,000 | 1,000 | 3,000 | |
 
 The default suite keeps one run (all five switches, independent networks, catch: ~25 s); the rest is slow.

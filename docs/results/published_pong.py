@@ -1,13 +1,14 @@
 """madqn's single-agent Pong curve against Dopamine's published DQN curves, at equal frames.
 
-    python docs/results/published_pong.py [EPISODES_CSV] [--out docs/results/pong_single_vs_dopamine.png]
+    python docs/results/published_pong.py [[LABEL=]EPISODES_CSV ...] [--out docs/results/pong_single_vs_dopamine.png]
 
 Dopamine's baselines (github.com/google/dopamine, baselines/atari/data/pong.json, 5 runs per agent;
 extracted to dopamine_pong_dqn.csv) give, per iteration of 250,000 agent steps (1M frames), the mean
 return of the training episodes that ended in it. The same number is computed here from madqn's
 `episodes.csv` (score of every training episode, by the agent step at which it ended), so both curves are
-training returns per 1M frames. Prints a markdown table (per iteration: madqn; each Dopamine agent's
-lowest, mean and highest run) and draws the curves with the Dopamine runs' range shaded.
+training returns per 1M frames. Prints a markdown table (per iteration: each madqn run; each Dopamine
+agent's lowest, mean and highest run) and draws the curves with the Dopamine runs' range shaded. Without
+arguments it reads the two committed runs (configs/pong_single_fast.toml and configs/pong_single_dopamine.toml).
 """
 from __future__ import annotations
 
@@ -42,27 +43,33 @@ def dopamine_curves(path=HERE / "dopamine_pong_dqn.csv"):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("episodes", nargs="?", default=str(HERE / "pong_single" / "episodes.csv"))
+    parser.add_argument("episodes", nargs="*", help="LABEL=PATH or PATH (labelled by its folder) of an episodes.csv",
+                        default=[f"configs/pong_single_fast.toml={HERE / 'pong_single' / 'episodes.csv'}",
+                                 f"configs/pong_single_dopamine.toml={HERE / 'pong_single_dopamine' / 'episodes.csv'}"])
     parser.add_argument("--out", default=str(HERE / "pong_single_vs_dopamine.png"))
     args = parser.parse_args()
-    ours, counts = madqn_curve(args.episodes)
+    runs = {}
+    for spec in args.episodes:
+        label, _, path = spec.rpartition("=")
+        runs[label or Path(path).parent.name] = madqn_curve(path)
     published = dopamine_curves()
     names = list(published)
-    print("| iteration (frames) | madqn (episodes) | " + " | ".join(f"Dopamine {n}: lowest / mean / highest of 5 runs"
-                                                       for n in names) + " |")
-    print("|---" * (2 + len(names)) + "|")
-    for i, value in ours.items():
-        cells = []
+    iterations = sorted({i for ours, _ in runs.values() for i in ours})
+    print("| iteration (frames) | " + " | ".join(f"madqn {label} (episodes)" for label in runs) + " | "
+          + " | ".join(f"Dopamine {n}: lowest / mean / highest of 5 runs" for n in names) + " |")
+    print("|---" * (1 + len(runs) + len(names)) + "|")
+    for i in iterations:
+        cells = [f"{ours[i]:.1f} ({counts[i]})" if i in ours else "" for ours, counts in runs.values()]
         for n in names:
-            runs = published[n][i]
-            cells.append(f"{min(runs):.1f} / {sum(runs) / len(runs):.1f} / {max(runs):.1f}")
-        print(f"| {i} ({i}M-{i + 1}M) | {value:.1f} ({counts[i]}) | " + " | ".join(cells) + " |")
+            values = published[n][i]
+            cells.append(f"{min(values):.1f} / {sum(values) / len(values):.1f} / {max(values):.1f}")
+        print(f"| {i} ({i}M-{i + 1}M) | " + " | ".join(cells) + " |")
 
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    horizon = max(ours) + 4
+    horizon = max(iterations) + 4
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for n, colour in zip(names, ["tab:blue", "tab:green"]):
         its = list(range(horizon + 1))
@@ -72,8 +79,9 @@ def main():
         x = [i + 0.5 for i in its]
         ax.fill_between(x, lo, hi, color=colour, alpha=0.2, label=f"Dopamine {n}: range of 5 runs")
         ax.plot(x, mean, color=colour, lw=1)
-    ax.plot([i + 0.5 for i in ours], list(ours.values()), "o-", color="tab:red", lw=2,
-            label="madqn, configs/pong_single_fast.toml (seed 1)")
+    for (label, (ours, _)), colour in zip(runs.items(), ["tab:red", "tab:purple", "tab:orange", "tab:brown"]):
+        ax.plot([i + 0.5 for i in ours], list(ours.values()), "o-", color=colour, lw=2,
+                label=f"madqn, {label} (seed 1)")
     ax.set_xlabel("frames (millions; 4 per agent step)")
     ax.set_ylabel("mean training-episode return")
     ax.set_title("ALE Pong, single agent: training returns per 1M frames")

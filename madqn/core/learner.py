@@ -156,9 +156,14 @@ def lr_at(step: int, *, learn_start: int, lr_start: float, lr_end: float, lr_end
 
 
 def build_optimizer(params, name: str, *, lr: float, decay: float = 0.95, eps: float = 0.01,
-                    weight_cost: float = 0.0, adam_eps: float = 1.5e-4) -> torch.optim.Optimizer:
+                    weight_cost: float = 0.0, adam_eps: float = 4.8e-3) -> torch.optim.Optimizer:
     """``"rmsprop"``: DQN3.0's centred RMSProp (:class:`DQN3RMSprop`); ``"adam"``: Adam (Kingma & Ba
-    2015) with ``adam_eps``, as Rainbow used it (lr 6.25e-5, eps 1.5e-4); weight_cost is its L2 term."""
+    2015) with ``adam_eps``; weight_cost is its L2 term.
+
+    Both descend on the learner's SUMMED minibatch gradient, so their eps is on that scale. Adam's step
+    is invariant to the gradient's scale except through eps: Adam with eps on the sum of B gradients is
+    Adam with eps / B on their mean. Rainbow's eps 1.5e-4 (on its mean loss, B = 32) is therefore
+    ``adam_eps`` 4.8e-3 here; 1.5e-4 here would be 32 times smaller than Rainbow's."""
     if name == "rmsprop":
         return DQN3RMSprop(params, lr=lr, decay=decay, eps=eps, weight_cost=weight_cost)
     if name == "adam":
@@ -251,7 +256,7 @@ class Learner:
         eps: float = 0.01,
         use_target: bool = True,
         optimizer: str = "rmsprop",
-        adam_eps: float = 1.5e-4,
+        adam_eps: float = 4.8e-3,
         double: bool = False,
         precision: str = "fp32",
     ):
