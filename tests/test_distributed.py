@@ -105,6 +105,11 @@ class KillActorOnce(Hook):
             self.killed_pid = trainer.pool.pids()[0]
             os.kill(self.killed_pid, signal.SIGKILL)
             self.new_pid = trainer.pool.pids()[0]  # waits for Ray's restart (the learner pauses meanwhile)
+        elif self.killed_pid is not None and trainer.acting.actor_restarts == 0:
+            # until a batch of the rebuilt actor 0 has come in, wait for actor 0's outstanding batches after each
+            # step, so that on a loaded machine actor 1 cannot finish the run alone while actor 0 starts up
+            refs = [ref for ref, actor in trainer.pool.pending.items() if actor == 0]
+            trainer.pool.ray.wait(refs, num_returns=len(refs), timeout=120)
 
 
 class CountingTrainer(DistributedTrainer):
