@@ -296,17 +296,14 @@ def test_summed_update_with_eps_times_batch_squared_is_tensorflows_centred_rmspr
     target64 = copy.deepcopy(target).double()
     ms = [torch.zeros_like(p) for p in ref.parameters()]
     mg = [torch.zeros_like(p) for p in ref.parameters()]
-    for states, actions, rewards, next_states, terminals in batches:
-        ref.zero_grad()
+    for batch in batches:
+        batch64 = [t.double() if t.is_floating_point() else t for t in batch]
+        mean_grads = [g / b for g in _huber_grad(ref, target64, *batch64)]  # the gradient of the MEAN loss
         with torch.no_grad():
-            y = rewards.double() + DISCOUNT * (1 - terminals.double()) * target64(next_states.double()).max(dim=1).values
-        q_sa = ref(states.double()).gather(1, actions.view(-1, 1)).squeeze(1)
-        F.huber_loss(q_sa, y, reduction="mean", delta=1.0).backward()
-        with torch.no_grad():
-            for p, m2, m1 in zip(ref.parameters(), ms, mg):
-                m2.mul_(decay).add_((1 - decay) * p.grad**2)
-                m1.mul_(decay).add_((1 - decay) * p.grad)
-                p -= lr * p.grad / torch.sqrt(m2 - m1**2 + eps_tf)
+            for p, g, m2, m1 in zip(ref.parameters(), mean_grads, ms, mg):
+                m2.mul_(decay).add_((1 - decay) * g**2)
+                m1.mul_(decay).add_((1 - decay) * g)
+                p -= lr * g / torch.sqrt(m2 - m1**2 + eps_tf)
 
     learner = _learner(reference, lr=lr, lr_end=lr, eps=eps_tf * b**2)
     for k, batch in enumerate(batches):
