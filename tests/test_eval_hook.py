@@ -1,5 +1,6 @@
 """Periodic evaluation during training and DQN3.0's validation statistics."""
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import torch
 from madqn.training.checkpoint import safe_load
 from madqn.config import make_config
 from madqn.core.networks import DQN3ConvNet
-from madqn.evaluation.eval_hook import draw_validation_set, network_health, validation_statistics
+from madqn.evaluation.eval_hook import draw_validation_set, network_health, q_state_spread, validation_statistics
 from madqn.training.trainer import Trainer
 from helpers import read_csv  # noqa: E402
 
@@ -76,6 +77,19 @@ def test_unit_activity_and_q_spread_match_a_direct_computation_and_see_a_dead_la
         net.conv3.bias.fill_(-1e3)
     spread, active = network_health(Held(), valid, chunk=10)
     assert active["conv3"] == 0.0 and active["conv2"] == pytest.approx(expected["conv2"]) and spread == 0.0
+
+
+def test_q_spread_of_a_shared_network_is_taken_within_each_agents_states():
+    """A shared network whose Q depends on the agent id but not on the frames has no spread across states
+    (the agents' value gap is not a response to the frames); within-agent spreads average by row count."""
+    q = torch.tensor([[0.0, 1.0], [0.0, 1.0], [5.0, 5.0], [5.0, 5.0], [5.0, 5.0]], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 1, 1, 1])
+    assert q_state_spread(q, ids) == 0.0
+    assert q_state_spread(q, None) == pytest.approx(float(q.std(dim=0).mean()))
+    q2 = torch.tensor([[0.0], [2.0], [10.0], [10.0], [13.0]], dtype=torch.float64)
+    within0, within1 = float(torch.tensor([0.0, 2.0]).std()), float(torch.tensor([10.0, 10.0, 13.0]).std())
+    assert q_state_spread(q2, ids) == pytest.approx((2 * within0 + 3 * within1) / 5)
+    assert math.isnan(q_state_spread(q2[:1], ids[:1]))
 
 
 def test_a_dead_network_is_reported_in_valid_csv_and_by_a_warning(tmp_path, capsys):

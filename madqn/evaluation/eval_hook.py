@@ -102,11 +102,24 @@ def validation_statistics(learner: Learner, valid: ValidationSet, chunk: int = 2
     return q2_sum / len(valid), delta_sum / len(valid)
 
 
+def q_state_spread(q: torch.Tensor, agent_ids: torch.Tensor | None) -> float:
+    """Standard deviation of Q(s, a) (rows: states) over the states, averaged over the actions; with
+    ``agent_ids``, within each agent's rows, averaged over the agents with two or more rows, weighted by
+    their rows. NaN when no group has two rows."""
+    groups = [q] if agent_ids is None else [q[agent_ids == k] for k in torch.unique(agent_ids)]
+    groups = [g for g in groups if len(g) > 1]
+    if not groups:
+        return math.nan
+    return float(sum(len(g) * g.std(dim=0).mean() for g in groups) / sum(len(g) for g in groups))
+
+
 def network_health(learner: Learner, valid: ValidationSet, chunk: int = 256) -> tuple[float, dict[str, float]]:
     """(Q spread across states, unit activity) of the online network on ``valid``'s states.
 
     The spread is the standard deviation of Q(s, a) over the states, averaged over the actions: 0 when the
-    network's output no longer depends on its input. The activity (conv networks; {} otherwise) is, per ReLU
+    network's output no longer depends on its input. A shared network's spread is taken within each agent's
+    states and averaged over the agents (weighted by their states): the gap between the agents' values,
+    which the agent indicator alone can produce, is not a response to the frames. The activity (conv networks; {} otherwise) is, per ReLU
     layer, the fraction of units active on at least one state (``DQN3ConvNet.unit_activity``).
     """
     net = learner.online_network
@@ -114,7 +127,7 @@ def network_health(learner: Learner, valid: ValidationSet, chunk: int = 256) -> 
     with torch.no_grad():
         q = torch.cat([net(valid.states[lo:lo + chunk], None if ids is None else ids[lo:lo + chunk]).double()
                        for lo in range(0, len(valid), chunk)])
-    spread = float(q.std(dim=0).mean()) if len(valid) > 1 else math.nan
+    spread = q_state_spread(q, None if ids is None else ids.to(q.device))
     return spread, (net.unit_activity(valid.states, ids) if hasattr(net, "unit_activity") else {})
 
 
