@@ -16,6 +16,8 @@ import argparse
 import numpy as np
 import torch
 
+from madqn.evaluation.agents import load_agents
+
 
 def stream_returns(memory: dict, s: int, gamma: float = 0.99):
     """(chronological positions, discounted returns, rewards, episode ends) of stream ``s``."""
@@ -52,7 +54,6 @@ def main():
     state = torch.load(args.replay, map_location="cpu", weights_only=False, mmap=True)
     memory = next(iter(state["groups"].values()))  # the first learner's replay (shared: all agents)
     rng = np.random.default_rng(0)
-    from madqn.evaluation.agents import load_agents
     agents = load_agents(args.checkpoint)
     names = list(agents.possible_agents)
     print("| checkpoint | agent | G std | max Q std | correlation | max Q before +1 | max Q before -1 |")
@@ -60,13 +61,16 @@ def main():
     for s in range(memory["rewards"].shape[0]):
         agent = names[s]
         net = agents.networks[agent]
-        ids = torch.full((1000,), s) if getattr(net, "n_agents", 0) else None
         order, g, rewards, ends = stream_returns(memory, s)
+
+        @torch.no_grad()
+        def max_q(idx: np.ndarray) -> np.ndarray:
+            ids = torch.full((len(idx),), s) if getattr(net, "n_agents", 0) else None
+            return net(stacks(memory, s, order, idx), ids).float().max(1).values.numpy()
+
         idx = usable(ends, rng.integers(4, len(order) - 1, 1200))[:1000]
         pre = usable(ends, np.flatnonzero(rewards[4:-1] != 0) + 4)[:400]
-        with torch.no_grad():
-            v = net(stacks(memory, s, order, idx), None if ids is None else ids[:len(idx)]).float().max(1).values.numpy()
-            p = net(stacks(memory, s, order, pre), None if ids is None else ids[:len(pre)]).float().max(1).values.numpy()
+        v, p = max_q(idx), max_q(pre)
         print(f"| {args.checkpoint} | {agent} | {g[idx].std():.2f} | {v.std():.4f} | {np.corrcoef(v, g[idx])[0, 1]:+.2f} "
               f"| {p[rewards[pre] > 0].mean():+.3f} | {p[rewards[pre] < 0].mean():+.3f} |")
 

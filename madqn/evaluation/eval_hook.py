@@ -119,15 +119,16 @@ def network_health(learner: Learner, valid: ValidationSet, chunk: int = 256) -> 
     The spread is the standard deviation of Q(s, a) over the states, averaged over the actions: 0 when the
     network's output no longer depends on its input. A shared network's spread is taken within each agent's
     states and averaged over the agents (weighted by their states): the gap between the agents' values,
-    which the agent indicator alone can produce, is not a response to the frames. The activity (conv networks; {} otherwise) is, per ReLU
-    layer, the fraction of units active on at least one state (``DQN3ConvNet.unit_activity``).
+    which the agent indicator alone can produce, is not a response to the frames. The activity (conv
+    networks; {} otherwise) is, per ReLU layer, the fraction of units active on at least one state
+    (``DQN3ConvNet.unit_activity``).
     """
     net = learner.online_network
     ids = valid.agent_ids if learner.uses_agent_ids else None
     with torch.no_grad():
         q = torch.cat([net(valid.states[lo:lo + chunk], None if ids is None else ids[lo:lo + chunk]).double()
                        for lo in range(0, len(valid), chunk)])
-    spread = q_state_spread(q, None if ids is None else ids.to(q.device))
+    spread = q_state_spread(q, ids)
     return spread, (net.unit_activity(valid.states, ids) if hasattr(net, "unit_activity") else {})
 
 
