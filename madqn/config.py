@@ -126,6 +126,10 @@ class Config:
                                  "[agent steps]", min=0)
     priority_eps: float = _f(1e-6, "prioritized replay: added to |clipped delta| so that no transition gets priority 0",
                              min=0.0)
+    random_opponent: float = _f(0.0, "self-play against random players: at each episode start of an env copy, with this "
+                                "probability one seat, drawn uniformly, acts uniformly at random for the whole episode (its "
+                                "transitions are stored like any others; episodes.csv marks it in 'random_seat'); 0 = "
+                                "every seat acts with the networks, as in DQN3.0", min=0.0, max=1.0)
     precision: str = _f("fp32", "learner arithmetic: 'fp32' (DQN3.0), 'bf16' (autocast forwards and backward; weights, targets and optimizer stay fp32), 'auto' (bf16 where the CPU/GPU supports it natively)",
                         choices=("fp32", "bf16", "auto"))
 

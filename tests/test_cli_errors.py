@@ -76,6 +76,9 @@ def run_copy(saved_run, tmp_path):
     (["--set", "rmsprop_decay=1"], "config key 'rmsprop_decay' must be < 1, got 1.0"),
     (["--set", "device=tpu"], "config key 'device' must be auto, cpu, cuda or cuda:N; got 'tpu'"),
     (["--config", "nope.toml"], "config file not found: nope.toml"),
+    (["--set", "random_opponent=1.5"], "config key 'random_opponent' must be <= 1.0, got 1.5"),
+    (["--env", f"{ROOT / 'envs' / 'pong_vs_random.py'}:make_env", "--set", "random_opponent=0.5"],
+     "config key 'random_opponent' needs at least two agents; the env has 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)

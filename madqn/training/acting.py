@@ -27,6 +27,7 @@ import torch
 
 from madqn.core.actor import RecentHistory, epsilon_greedy, linear_epsilon
 from madqn.config import Config
+from madqn.errors import ConfigError
 from madqn.training.learners import group_members
 from madqn.core.policy import ActingNetworks
 
@@ -43,6 +44,7 @@ class Slot:
     reward: float = 0.0  # clipped reward accumulated for the pending transition
     score: float = 0.0  # raw (unclipped) score of the current episode
     length: int = 0  # agent steps in the current episode
+    random: bool = False  # this episode the seat acts uniformly at random (config.random_opponent)
 
 
 @dataclass
@@ -53,6 +55,7 @@ class EpisodeRecord:
     scores: dict[str, float]
     lengths: dict[str, int]
     truncated: bool
+    random_seats: tuple[str, ...] = ()  # seats that acted uniformly at random (config.random_opponent)
 
 
 Entry = tuple  # (agent, copy, frame, action, reward, terminal, episode_end, mask)
@@ -110,6 +113,9 @@ class ActingLoop:
 
     ``started``: each env's ``reset()`` result when the caller already reset them (it needed the
     infos); ``fixed_epsilon``: act with this epsilon instead of DQN3.0's schedule (Ape-X actors).
+
+    With ``config.random_opponent`` > 0 an episode may start with one seat drawn to act uniformly at random
+    throughout (epsilon 1 for its slot), so that the other seats also learn from games against a random player.
     """
 
     def __init__(self, config: Config, envs: Sequence[Any], networks: Sequence[torch.nn.Module], sink: Sink,
@@ -123,6 +129,8 @@ class ActingLoop:
         self.fixed_epsilon = fixed_epsilon
         first = self.envs[0]
         self.agents = list(first.possible_agents)
+        if config.random_opponent > 0 and len(self.agents) < 2:
+            raise ConfigError(f"config key 'random_opponent' needs at least two agents; the env has {len(self.agents)}")
         members = group_members(config, self.agents)
         self.group_index = {a: k for k, (_, agents) in enumerate(members) for a in agents}
         self.n_actions = [int(first.action_space(agents[0]).n) for _, agents in members]
@@ -212,7 +220,8 @@ class ActingLoop:
                 return self.policy.q_values(states, groups[rows[sel]], ids[rows[sel]])
 
             n = self.n_actions[groups[rows[0]]]
-            actions[rows] = epsilon_greedy(q_fn, len(members), epsilon, self.rng, n, self._masks(members, n))
+            eps = np.array([1.0 if s.random else epsilon for s in members])
+            actions[rows] = epsilon_greedy(q_fn, len(members), eps, self.rng, n, self._masks(members, n))
         return actions
 
     def _masks(self, slots: list[Slot], n_actions: int) -> np.ndarray | None:
@@ -259,7 +268,8 @@ class ActingLoop:
         slots = [self.slots[(i, a)] for a in self.agents]
         self.episodes += 1
         self.sink.episode(EpisodeRecord(self.step, self.episodes, i, {s.agent: s.score for s in slots},
-                                        {s.agent: s.length for s in slots}, truncated))
+                                        {s.agent: s.length for s in slots}, truncated,
+                                        tuple(s.agent for s in slots if s.random)))
 
     def _reset_env(self, i: int) -> None:
         for a in self.agents:
@@ -273,7 +283,9 @@ class ActingLoop:
         for a in self.agents:
             slot = self.slots[(i, a)]
             slot.history.reset()
-            slot.score, slot.length, slot.reward = 0.0, 0, 0.0
+            slot.score, slot.length, slot.reward, slot.random = 0.0, 0, 0.0, False
+        if self.config.random_opponent > 0 and self.rng.random() < self.config.random_opponent:
+            self.slots[(i, self.agents[int(self.rng.integers(len(self.agents)))])].random = True
         for a, o in obs.items():
             self.slots[(i, a)].history.push(o)
         self.observations[i] = dict(obs)
@@ -311,6 +323,7 @@ class ActingLoop:
             p = saved["pending"]
             slot.pending = None if p is None else (p["frame"], int(p["action"]), p["mask"])
             slot.reward, slot.score, slot.length = float(saved["reward"]), float(saved["score"]), int(saved["length"])
+            slot.random = bool(saved.get("random", False))  # checkpoints before random_opponent have no such key
         self.observations = [dict(obs) for obs in state["observations"]]
         self.infos = [{a: {"action_mask": m} for a, m in masks.items()} for masks in state["action_masks"]]
         return True
@@ -339,4 +352,5 @@ def _slot_state(slot: Slot) -> dict[str, Any]:
         frame, action, mask = slot.pending
         pending = {"frame": frame, "action": int(action), "mask": None if mask is None else np.asarray(mask, bool)}
     return {"env": slot.env_index, "agent": slot.agent, "history": slot.history.frames.copy(), "pending": pending,
-            "reward": float(slot.reward), "score": float(slot.score), "length": int(slot.length)}
+            "reward": float(slot.reward), "score": float(slot.score), "length": int(slot.length),
+            "random": bool(slot.random)}

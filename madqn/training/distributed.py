@@ -409,7 +409,7 @@ class DistributedTrainer(TrainerBase):
         for r in batch.episodes:
             self.episodes += 1
             record = EpisodeRecord(self.step + batch.steps, self.episodes, batch.actor * self.config.num_envs
-                                   + r.env_index, r.scores, r.lengths, r.truncated)
+                                   + r.env_index, r.scores, r.lengths, r.truncated, r.random_seats)
             for h in self.hooks:
                 h.on_episode(self, record)
 

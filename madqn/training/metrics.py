@@ -1,7 +1,8 @@
 """Run metrics: CSV files are the source of truth.
 
 Files in the run directory:
-- ``episodes.csv``: one row per agent per finished episode (raw, unclipped score).
+- ``episodes.csv``: one row per agent per finished episode (raw, unclipped score; ``random_seat`` 1 when the
+  seat acted uniformly at random that episode, ``config.random_opponent``).
 - ``train.csv``: one row per learner every ``prog_freq`` agent steps (updates, mean |clipped delta|,
   mean Q(s,a), mean max Q_target(s2), epsilon, learning rate, agent steps/s).
 
@@ -19,7 +20,8 @@ from typing import TextIO
 
 from madqn.training.trainer import EpisodeRecord, Hook, Trainer
 
-EPISODE_FIELDS = ["step", "episode", "env", "agent", "score", "length", "truncated", "epsilon", "wall_time"]
+EPISODE_FIELDS = ["step", "episode", "env", "agent", "score", "length", "truncated", "epsilon", "wall_time",
+                  "random_seat"]
 TRAIN_FIELDS = ["step", "learner", "updates", "abs_delta", "q_mean", "q2_max", "epsilon", "lr", "steps_per_s",
                 "replay_size", "wall_time"]
 
@@ -72,7 +74,7 @@ class MetricsHook(Hook):
         self.train = CsvWriter(self.run_dir / "train.csv", TRAIN_FIELDS)
         self.recent = {a: deque(maxlen=self.window) for a in trainer.agents}
         for row in read_rows(self.run_dir / "episodes.csv"):  # a resumed run: its earlier episodes
-            if row.get("agent") in self.recent:
+            if row.get("agent") in self.recent and not played_randomly(row):
                 self.recent[row["agent"]].append(float(row["score"]))
         self.last_step, self.last_time = trainer.step, time.time()
         self.last_updates = {g.name: g.updates for g in trainer.groups}
@@ -82,11 +84,13 @@ class MetricsHook(Hook):
         eps = trainer.epsilon()
         wall = time.time() - trainer.start_time
         for agent, score in record.scores.items():
-            self.recent[agent].append(score)
+            random_seat = agent in record.random_seats
+            if not random_seat:  # the recent scores are the networks'
+                self.recent[agent].append(score)
             self.episodes.write({"step": record.step, "episode": record.episode, "env": record.env_index,
                                  "agent": agent, "score": score, "length": record.lengths[agent],
-                                 "truncated": int(record.truncated), "epsilon": round(eps, 6),
-                                 "wall_time": round(wall, 3)})
+                                 "truncated": int(record.truncated), "epsilon": 1.0 if random_seat else round(eps, 6),
+                                 "wall_time": round(wall, 3), "random_seat": int(random_seat)})
 
     def on_step(self, trainer: Trainer) -> None:
         if trainer.step >= self.next_report:
@@ -138,3 +142,9 @@ def read_rows(path: Path) -> list[dict]:
         return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def played_randomly(row: dict) -> bool:
+    """An ``episodes.csv`` row of a seat that acted uniformly at random that episode (``config.random_opponent``):
+    its score is a random player's, not a network's (files from before the column have none)."""
+    return row.get("random_seat") == "1"
