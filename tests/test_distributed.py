@@ -223,3 +223,29 @@ def test_replay_memory_is_split_over_all_actors_copies():
             assert (g.replay.n_streams, g.replay.capacity) == (4, 125)
     finally:
         trainer.close()
+
+
+class EpisodeRecorder(Hook):
+    def __init__(self):
+        self.records = []
+
+    def on_episode(self, trainer, record):
+        self.records.append(record)
+
+
+@pytest.mark.slow  # a Ray instance of its own; the acting loop it runs is tested without Ray in test_acting.py
+def test_ray_actors_draw_random_seats_and_the_learner_records_them():
+    """random_opponent on the Ray backend: the actor draws the random seats, its episode records carry them to
+    the learner's hooks (what episodes.csv writes), about one episode in two."""
+    recorder = EpisodeRecorder()
+    cfg = Config(**TINY, steps=400, actors=1, sharing="shared", random_opponent=0.5, backend="ray")
+    remote = DistributedTrainer(cfg, hooks=[recorder])
+    try:
+        remote.run()
+    finally:
+        remote.close()
+    drawn = [r.random_seats for r in recorder.records]
+    assert len(drawn) >= 90 and all(len(seats) <= 1 for seats in drawn)  # a tiny_catch episode is 4 steps
+    assert 0.3 < sum(map(bool, drawn)) / len(drawn) < 0.7
+    assert {seats[0] for seats in drawn if seats} == {"left", "right"}
+    assert not ray_processes()
