@@ -176,10 +176,12 @@ class SavableCatch(TinyCatch):
 
 def test_episodes_csv_marks_random_seats_and_curves_leave_them_out(tmp_path):
     """A run with random_opponent: episodes.csv marks each row of a seat that acted at random (epsilon 1.0,
-    random_seat 1); the training curves (madqn plot, compare) are the networks' scores only."""
+    random_seat 1); the training curves (madqn plot, compare, TensorBoard's score/<agent>) are the networks'
+    scores only."""
     import madqn
     from madqn.evaluation.plot import load_run
     from helpers import read_csv
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     settings = {k: v for k, v in TINY.items() if k != "env"}
     madqn.train(CATCH, run_dir=tmp_path / "run", **settings, steps=600, learn_start=100,
@@ -193,6 +195,10 @@ def test_episodes_csv_marks_random_seats_and_curves_leave_them_out(tmp_path):
         per_episode.setdefault(r["episode"], []).append(r["agent"])
     assert all(len(agents) == 1 for agents in per_episode.values())  # one random seat per episode at most
     curves = load_run(tmp_path / "run").curves
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0})
+    events.Reload()
     for agent, (steps, scores) in curves.items():
         mine = [r for r in rows if r["agent"] == agent and r["random_seat"] == "0"]
         assert len(steps) == len(mine) and list(scores) == [float(r["score"]) for r in mine]
+        assert [(e.step, e.value) for e in events.Scalars(f"score/{agent}")] == \
+            [(int(r["step"]), float(r["score"])) for r in mine]  # TensorBoard's score/<agent> too

@@ -48,7 +48,8 @@ class TensorBoardHook(Hook):
 
     def on_episode(self, trainer: Trainer, record: EpisodeRecord) -> None:
         for agent, score in record.scores.items():
-            self.writer.add_scalar(f"score/{agent}", score, record.step)
+            if agent not in record.random_seats:  # a seat acting at random (random_opponent) is not the network
+                self.writer.add_scalar(f"score/{agent}", score, record.step)
             self.writer.add_scalar(f"episode_length/{agent}", record.lengths[agent], record.step)
 
     def on_scalars(self, trainer: Trainer, step: int, scalars: dict[str, float]) -> None:
