@@ -101,12 +101,8 @@ def _episodes_of(sink, agent):
     return episodes
 
 
-def test_random_opponent_draws_one_seat_to_act_at_random_for_a_whole_episode():
-    """random_opponent 0.5 with greedy networks (epsilon 0) that always choose 'stay': about half the episodes
-    have exactly one seat, drawn uniformly, whose every action is uniform over the three; every other seat's
-    every action is the greedy one; the episode records name the random seat."""
-    cfg = Config(**TINY, steps=2_000, learn_start=0, ep_start=0.0, ep_end=0.0, ep_endt=1, sharing="shared",
-                 vector_env="inline", random_opponent=0.5, seed=4)
+def _play_greedy(cfg):
+    """Run an acting loop with the greedy 'stay' network for ``cfg.steps`` agent steps; what it emitted."""
     envs = make_envs(cfg.env, cfg)
     sink = RecordingSink()
     loop = ActingLoop(cfg, envs, [_greedy_stay_network(cfg, envs)], sink, np.random.default_rng(0),
@@ -114,8 +110,18 @@ def test_random_opponent_draws_one_seat_to_act_at_random_for_a_whole_episode():
     while loop.step < cfg.steps:
         loop.step_envs()
     loop.close()
+    return sink
+
+
+def test_random_opponent_draws_one_seat_to_act_at_random_for_a_whole_episode():
+    """random_opponent 0.5 with greedy networks (epsilon 0) that always choose 'stay': about half the episodes
+    have exactly one seat, drawn uniformly, whose every action is uniform over the three; every other seat's
+    every action is the greedy one; the episode records name the random seat."""
+    cfg = Config(**TINY, steps=2_000, learn_start=0, ep_start=0.0, ep_end=0.0, ep_endt=1, sharing="shared",
+                 vector_env="inline", random_opponent=0.5, seed=4)
+    sink = _play_greedy(cfg)
     records = sink.episodes
-    actions = {a: _episodes_of(sink, a) for a in envs[0].possible_agents}
+    actions = {a: _episodes_of(sink, a) for a in ("left", "right")}
     assert len(records) == len(actions["left"]) == len(actions["right"]) == 2_000 // 4  # the ball lands in 4 steps
     drawn = [r.random_seats for r in records]
     assert all(len(seats) <= 1 for seats in drawn)
@@ -138,15 +144,8 @@ def test_random_opponent_zero_never_draws_and_a_drawn_seat_survives_a_checkpoint
     resumed episode goes on with the same seat random."""
     common = dict(**TINY, steps=400, learn_start=0, ep_start=0.0, ep_end=0.0, ep_endt=1, sharing="shared",
                   vector_env="inline", seed=4)
-    plain = Config(**common)
-    envs = make_envs(plain.env, plain)
-    sink = RecordingSink()
-    loop = ActingLoop(plain, envs, [_greedy_stay_network(plain, envs)], sink, np.random.default_rng(0),
-                      torch.device("cpu"))
-    while loop.step < plain.steps:
-        loop.step_envs()
+    sink = _play_greedy(Config(**common))
     assert len(sink.episodes) == 100 and not any(r.random_seats for r in sink.episodes)
-    loop.close()
 
     mixed = Config(**{**common, "random_opponent": 1.0})
     envs = [SavableCatch()]
