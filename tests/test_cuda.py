@@ -22,22 +22,12 @@ from madqn.core.networks import DQN3ConvNet
 from madqn.envs.adapters import make_env
 from madqn.cli.export import export_agents
 from madqn.training.checkpoint import safe_load
-from helpers import ROOT, read_csv
+from helpers import ROOT, random_batch as _batch, read_csv
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 SMOKE = ROOT / "configs" / "smoke.toml"
 LR = 2.5e-4
-
-
-def _batch(seed=0, batch=32):
-    g = torch.Generator().manual_seed(seed)
-    whole = torch.randint(0, 256, (batch, 5, 84, 84), dtype=torch.uint8, generator=g)
-    actions = torch.randint(0, 6, (batch,), generator=g)
-    rewards = torch.randint(-1, 2, (batch,), generator=g).float()
-    terminals = (torch.rand(batch, generator=g) < 0.2).float()
-    agent_ids = torch.randint(0, 2, (batch,), generator=g)
-    return whole[:, :4], actions, rewards, whole[:, 1:], terminals, agent_ids
 
 
 def _update(net, device, precision, batch, steps=2):

@@ -16,19 +16,9 @@ import madqn.core.learner
 from madqn import cli
 from madqn.core.learner import Learner, cuda_fp32_precision, describe_precision
 from madqn.core.networks import DQN3ConvNet
-from helpers import ROOT
+from helpers import ROOT, random_batch as _batch
 
 LR = 2.5e-4
-
-
-def _batch(seed=0, batch=32):
-    g = torch.Generator().manual_seed(seed)
-    whole = torch.randint(0, 256, (batch, 5, 84, 84), dtype=torch.uint8, generator=g)
-    actions = torch.randint(0, 6, (batch,), generator=g)
-    rewards = torch.randint(-1, 2, (batch,), generator=g).float()
-    terminals = (torch.rand(batch, generator=g) < 0.2).float()
-    agent_ids = torch.randint(0, 2, (batch,), generator=g)
-    return whole[:, :4], actions, rewards, whole[:, 1:], terminals, agent_ids
 
 
 def _update(net, precision, batch):
