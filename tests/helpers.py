@@ -1,14 +1,21 @@
 """Small helpers shared by the tests (imported as ``helpers``: pytest puts tests/ on sys.path)."""
 
+import copy
 import csv
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from madqn.config import make_config
+from madqn.core.learner import Learner
+from madqn.envs.adapters import make_env
+
 ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "configs" / "smoke.toml"
 
 
 def read_csv(path):
@@ -34,3 +41,44 @@ def random_batch(seed=0, batch=32):
     terminals = (torch.rand(batch, generator=g) < 0.2).float()
     agent_ids = torch.randint(0, 2, (batch,), generator=g)
     return whole[:, :4], actions, rewards, whole[:, 1:], terminals, agent_ids
+
+
+def learner_update(net, precision, batch, device="cpu", steps=1, lr=2.5e-4):
+    """``steps`` DQN3RMSprop updates of a copy of ``net`` on the same batch (a second step exercises the
+    RMSProp state). Returns the learner, the last update's stats and the total weight change, both on the CPU."""
+    learner = Learner(copy.deepcopy(net), lr=lr, lr_end=lr, lr_endt=1, learn_start=0, discount=0.99,
+                      clip_delta=1.0, rescale_r=True, r_max=1.0, weight_cost=0.0, device=device, precision=precision)
+    before = [p.detach().cpu().clone() for p in learner.online_network.parameters()]
+    states, actions, rewards, next_states, terminals, ids = (t.to(device) for t in batch)
+    for _ in range(steps):
+        stats = learner.update(states, actions, rewards, next_states, terminals, agent_ids=ids)
+    change = torch.cat([(p.detach().cpu() - b).flatten()
+                        for p, b in zip(learner.online_network.parameters(), before)])
+    return learner, {k: v.detach().cpu() for k, v in stats.items()}, change
+
+
+def play_side_by_side(a, b, steps=60, epsilon=0.05, atol=0.0):
+    """Both agent sets act on the same real pong_v3 observations (a's actions step the env); returns how
+    many (step, agent) decisions were compared. Actions must be equal, and Q-values bitwise equal
+    (``atol`` 0) or within ``atol``."""
+    env = make_env("pong_v3", make_config(SMOKE), seed=5, convert=False)
+    observations, infos = env.reset()
+    a.reset()
+    b.reset()
+    compared = 0
+    for _ in range(steps):
+        actions = a.act(observations, infos, epsilon)
+        assert b.act(observations, infos, epsilon) == actions
+        for agent in observations:
+            qa = a._q_values(a.networks[agent], [agent])
+            qb = b._q_values(b.networks[agent], [agent])
+            if atol == 0.0:
+                assert np.array_equal(qa, qb)
+            else:
+                np.testing.assert_allclose(qb, qa, rtol=0, atol=atol)
+            compared += 1
+        observations, _, _, _, infos = env.step(actions)
+        if not env.agents:
+            break
+    env.close()
+    return compared

@@ -1,22 +1,15 @@
 """madqn export: a weights-only file that plays exactly like the checkpoint it came from."""
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 import torch
 
 import madqn
 from madqn.training.checkpoint import AGENTS_KIND, safe_load
 from madqn.cli import main
-from madqn.config import make_config
-from madqn.envs.adapters import make_env
 from madqn.errors import CheckpointError
 from madqn.cli.export import export_agents
-from helpers import run_madqn  # noqa: E402
+from helpers import SMOKE, play_side_by_side, run_madqn
 
-ROOT = Path(__file__).resolve().parents[1]
-SMOKE = ROOT / "configs" / "smoke.toml"
 LIMIT = 15_000_000  # bytes: the largest export the repository accepts for a pong_v3 model
 DQN3_PONG_WEIGHTS = 1_687_206  # convnet_atari3 with 6 actions (dqn3-reference.md section 1)
 
@@ -28,29 +21,6 @@ def runs(tmp_path_factory):
     return {sharing: madqn.train("pong_v3", SMOKE, run_dir=root / sharing, steps=120, learn_start=40,
                                  sharing=sharing, final_eval_episodes=0).run_dir
             for sharing in ("shared", "independent")}
-
-
-def play_side_by_side(a, b, steps=60, epsilon=0.05):
-    """Both agent sets act on the same real pong_v3 observations (a's actions step the env); returns
-    how many (step, agent) decisions were compared. Q-values must be bitwise equal, actions equal."""
-    env = make_env("pong_v3", make_config(SMOKE), seed=5, convert=False)
-    observations, infos = env.reset()
-    a.reset()
-    b.reset()
-    compared = 0
-    for _ in range(steps):
-        actions = a.act(observations, infos, epsilon)
-        assert b.act(observations, infos, epsilon) == actions
-        for agent in observations:
-            qa = a._q_values(a.networks[agent], [agent])
-            qb = b._q_values(b.networks[agent], [agent])
-            assert np.array_equal(qa, qb)
-            compared += 1
-        observations, _, _, _, infos = env.step(actions)
-        if not env.agents:
-            break
-    env.close()
-    return compared
 
 
 @pytest.mark.parametrize("sharing", ["shared", "independent"])

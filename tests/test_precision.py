@@ -7,7 +7,6 @@ significant bits), the weight change of one DQN3RMSprop step within 20% relative
 """
 
 import contextlib
-import copy
 
 import pytest
 import torch
@@ -16,19 +15,9 @@ import madqn.core.learner
 from madqn import cli
 from madqn.core.learner import Learner, cuda_fp32_precision, describe_precision
 from madqn.core.networks import DQN3ConvNet
-from helpers import ROOT, random_batch as _batch
+from helpers import ROOT, learner_update as _update, random_batch as _batch
 
 LR = 2.5e-4
-
-
-def _update(net, precision, batch):
-    learner = Learner(copy.deepcopy(net), lr=LR, lr_end=LR, lr_endt=1, learn_start=0, discount=0.99,
-                      clip_delta=1.0, rescale_r=True, r_max=1.0, weight_cost=0.0, device="cpu", precision=precision)
-    before = [p.detach().clone() for p in learner.online_network.parameters()]
-    states, actions, rewards, next_states, terminals, ids = batch
-    stats = learner.update(states, actions, rewards, next_states, terminals, agent_ids=ids)
-    change = torch.cat([(p.detach() - b).flatten() for p, b in zip(learner.online_network.parameters(), before)])
-    return learner, stats, change
 
 
 @pytest.mark.parametrize("seed", [0, 1])
