@@ -12,9 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = sorted((ROOT / "models").glob("*.pt"))
 LIMIT = 15_000_000  # bytes: the largest model file the repository accepts
 
-# per model: points per game by which its mean score must exceed the random player's on the same episodes
-MARGINS = {"boxing_v2_independent.pt": 20.0, "pong_single.pt": 5.0, "pong_v3_shared.pt": 5.0,
-           "pong_v3_independent.pt": 10.0}
+# per model: points per game by which its mean score must exceed the random player's on the same episodes, in
+# every seat, or per seat where a model beats random players in some seats only (as the README's table says)
+MARGINS = {"boxing_v2_independent.pt": 20.0, "boxing_v2_shared.pt": {"second_0": 30.0}, "pong_single.pt": 5.0,
+           "pong_v3_shared.pt": 5.0, "pong_v3_independent.pt": 10.0}
 
 
 def test_the_repository_ships_trained_models_each_with_a_margin():
@@ -34,7 +35,8 @@ def test_model_is_a_weights_only_export_under_the_size_limit(model):
 @pytest.mark.parametrize("model", MODELS, ids=lambda p: p.name)
 def test_model_beats_random_play_evaluated_as_a_user_would(model, tmp_path):
     """`madqn eval models/X.pt --opponent random`, as the README prints it, on 3 episodes per seat: the model's
-    mean score beats the random player's on the same episode seeds by the model's margin in every seat."""
+    mean score beats the random player's on the same episode seeds by the model's margin in each seat it has one
+    for (every seat where the margin is one number)."""
     out = tmp_path / "eval.csv"
     result = run_madqn("eval", model, "--opponent", "random", "--episodes", 3, "--out", out, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -42,5 +44,8 @@ def test_model_beats_random_play_evaluated_as_a_user_would(model, tmp_path):
     trained = {line["seat"]: line["mean"] for line in lines if line["player"] != "random"}
     baseline = {line["seat"]: line["mean"] for line in lines if line["player"] == "random"}
     assert trained and set(trained) == set(baseline)
-    for seat, score in trained.items():
-        assert score >= baseline[seat] + MARGINS[model.name], (seat, score, baseline[seat])
+    margins = MARGINS[model.name]
+    margins = margins if isinstance(margins, dict) else dict.fromkeys(trained, margins)
+    assert set(margins) <= set(trained), (set(margins), set(trained))
+    for seat, margin in margins.items():
+        assert trained[seat] >= baseline[seat] + margin, (seat, trained[seat], baseline[seat])
