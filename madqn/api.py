@@ -312,12 +312,12 @@ def plan_resume(env: Any, config: Config | str | Path | None, overrides: dict[st
 
 
 def build_trainer(config: Config, env: Any, hooks: list[Hook]) -> TrainerBase:
-    """The in-process trainer, or with ``backend = "ray"`` the learner fed by Ray actors
+    """The in-process trainer, or with ``backend = "process"`` / ``"ray"`` the learner fed by actor processes
     (madqn.training.distributed)."""
-    if config.backend == "ray":
+    if config.backend in ("process", "ray"):
         from madqn.training.distributed import DistributedTrainer
 
-        return DistributedTrainer(config, env, hooks=hooks)
+        return DistributedTrainer(config, env, hooks=hooks, pool=config.backend)
     return Trainer(config, env, hooks=hooks)
 
 

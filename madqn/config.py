@@ -49,21 +49,22 @@ class Config:
                        "false keeps DQN3.0's strict act-learn-step order and same-seed reproducibility")
 
     # --- distributed acting (madqn.training.distributed) ---------------------------------------------
-    backend: str = _f("local", "'local': this process and its env workers (madqn.training.trainer); 'ray': actor "
-                      "processes on a Ray cluster feeding this process's learner (madqn.training.distributed, needs "
-                      "madqn[ray])",
-                      choices=("local", "ray"))
-    actors: int = _f(1, "backend ray: actor processes, each with num_envs env copies and a CPU copy of the Q-networks", min=1)
+    backend: str = _f("local", "'local': this process and its env workers act and learn in turn, DQN3.0's order "
+                      "(madqn.training.trainer); 'process': actor processes on this machine feed this process's "
+                      "learner, each side on its own cores at the same replay ratio (madqn.training.distributed); "
+                      "'ray': the same with actor processes on a Ray cluster (needs madqn[ray])",
+                      choices=("local", "process", "ray"))
+    actors: int = _f(1, "backend process or ray: actor processes, each with num_envs env copies and a CPU copy of the Q-networks", min=1)
     ray_address: str = _f("", "backend ray: '' starts a local Ray instance; 'auto' or HOST:PORT joins a running cluster")
-    sync_every: int = _f(100, "backend ray: the learner publishes its online weights to the actors every sync_every "
+    sync_every: int = _f(100, "backend process or ray: the learner publishes its online weights to the actors every sync_every "
                          "learning rounds [rounds]", min=1)
-    rollout_len: int = _f(64, "backend ray: agent steps in one batch an actor sends the learner [agent steps]", min=1)
-    max_in_flight: int = _f(2, "backend ray: rollout batches one actor may have outstanding; it waits for the learner "
+    rollout_len: int = _f(64, "backend process or ray: agent steps in one batch an actor sends the learner [agent steps]", min=1)
+    max_in_flight: int = _f(2, "backend process or ray: rollout batches one actor may have outstanding; it waits for the learner "
                             "beyond that (back-pressure, nothing dropped)", min=1)
-    update_ratio: str = _f("fixed", "backend ray: 'fixed' keeps DQN3.0's n_replay updates per update_freq agent steps "
+    update_ratio: str = _f("fixed", "backend process or ray: 'fixed' keeps DQN3.0's n_replay updates per update_freq agent steps "
                            "received (actors wait for the learner); 'float' lets the learner update whenever no batch "
                            "is waiting, so the ratio follows the speeds of both sides", choices=("fixed", "float"))
-    actor_epsilons: str = _f("dqn3", "backend ray: 'dqn3' (DQN3.0's schedule over the agent steps of all actors) or "
+    actor_epsilons: str = _f("dqn3", "backend process or ray: 'dqn3' (DQN3.0's schedule over the agent steps of all actors) or "
                              "'apex' (fixed per actor: apex_eps ** (1 + i * apex_alpha / (actors - 1)))",
                              choices=("dqn3", "apex"))
     apex_eps: float = _f(0.4, "Ape-X base epsilon", min=0.0, max=1.0)
@@ -132,6 +133,10 @@ class Config:
                                 "every seat acts with the networks, as in DQN3.0", min=0.0, max=1.0)
     precision: str = _f("fp32", "learner arithmetic: 'fp32' (DQN3.0), 'bf16' (autocast forwards and backward; weights, targets and optimizer stay fp32), 'auto' (bf16 where the CPU/GPU supports it natively)",
                         choices=("fp32", "bf16", "auto"))
+    compile: bool = _f(False, "compile the learner's update with torch.compile: the forwards, DQN3.0's targets and the "
+                       "injected backward as one graph, the optimizer as one fused kernel (the same maths up to float "
+                       "rounding; tens of seconds of compiling at the start, needs a C++ compiler on CPU); false runs it "
+                       "eagerly, op by op")
 
     # --- evaluation, logging, checkpoints ---------------------------------------------------
     eval_freq: int = _f(250_000, "evaluate every eval_freq agent steps (0 = never during training) [agent steps]", min=0)

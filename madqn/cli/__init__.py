@@ -38,10 +38,11 @@ def _train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its latest checkpoint, with its config (only steps, "
                         "device, num_threads, prog_freq, save_freq, save_replay and eval_* may change)")
-    p.add_argument("--backend", choices=["local", "ray"],
-                   help="local (default: this machine's processes) or ray (actor processes on a Ray cluster, "
-                        "this process learns; pip install 'madqn[ray]')")
-    p.add_argument("--actors", type=int, help="backend ray: number of actor processes")
+    p.add_argument("--backend", choices=["local", "process", "ray"],
+                   help="local (default: act and learn in turn, DQN3.0's order), process (actor processes on this "
+                        "machine, this process learns) or ray (actor processes on a Ray cluster, this process "
+                        "learns; pip install 'madqn[ray]')")
+    p.add_argument("--actors", type=int, help="backend process or ray: number of actor processes")
     p.add_argument("--ray-address", help="backend ray: 'auto' or HOST:PORT joins a running cluster "
                                          "(default: start a local Ray instance)")
     p.add_argument("--learner-device", dest="learner_device", help="backend ray: the learner's device (= --device)")

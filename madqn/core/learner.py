@@ -16,6 +16,8 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 
+from madqn.core.networks import DQN3ConvNet
+
 
 def q_targets(
     q_all: Tensor,
@@ -98,6 +100,7 @@ class DQN3RMSprop(torch.optim.Optimizer):
         if weight_cost < 0:
             raise ValueError(f"invalid weight_cost {weight_cost}")
         super().__init__(params, dict(lr=lr, decay=decay, eps=eps, weight_cost=weight_cost))
+        self.fused = False  # True: one compiled elementwise kernel per step (``compile = true``), see dqn3_rmsprop_
         self._scratch: dict[torch.Tensor, torch.Tensor] = {}  # per-parameter buffer for the denominator
 
     def __setstate__(self, state):  # copy.deepcopy / pickle: the scratch buffers are rebuilt, not copied
@@ -131,20 +134,54 @@ class DQN3RMSprop(torch.optim.Optimizer):
                 denoms.append(denom)
             if not params:
                 continue
-            lr, decay, eps, wc = group["lr"], group["decay"], group["eps"], group["weight_cost"]
-            if wc != 0:
-                grads = torch._foreach_add(grads, params, alpha=wc)
-            torch._foreach_mul_(gs, decay)
-            torch._foreach_add_(gs, grads, alpha=1.0 - decay)
-            torch._foreach_mul_(g2s, decay)
-            torch._foreach_addcmul_(g2s, grads, grads, value=1.0 - decay)
-            torch._foreach_copy_(denoms, g2s)
-            torch._foreach_addcmul_(denoms, gs, gs, value=-1.0)  # g2 - g^2
-            torch._foreach_add_(denoms, eps)
-            torch._foreach_sqrt_(denoms)
-            denom = denoms
-            torch._foreach_addcdiv_(params, grads, denom, value=-lr)
+            dqn3_rmsprop_(params, grads, gs, g2s, denoms, lr=group["lr"], decay=group["decay"], eps=group["eps"],
+                          weight_cost=group["weight_cost"], fused=self.fused)
         return loss
+
+
+def dqn3_rmsprop_(params: list[Tensor], grads: list[Tensor], gs: list[Tensor], g2s: list[Tensor],
+                  denoms: list[Tensor], *, lr: float, decay: float, eps: float, weight_cost: float,
+                  fused: bool = False) -> None:
+    """One DQN3.0 centred-RMSProp step on lists of tensors, in place (the maths of :class:`DQN3RMSprop`).
+
+    ``fused=False``: PyTorch's foreach kernels, one pass over the parameters per operation (``denoms`` is
+    scratch space). ``fused=True``: the same operations in the same order, compiled by ``torch.compile`` into
+    one loop over each parameter (the learning rate passed as a tensor, so an annealed lr compiles once);
+    equal to the foreach path up to float rounding of the compiled kernel (tests/test_compiled.py)."""
+    if fused:
+        _fused_rmsprop()(params, grads, gs, g2s, torch.tensor(lr, dtype=torch.float32, device=params[0].device),
+                         decay, eps, weight_cost)
+        return
+    if weight_cost != 0:
+        grads = torch._foreach_add(grads, params, alpha=weight_cost)
+    torch._foreach_mul_(gs, decay)
+    torch._foreach_add_(gs, grads, alpha=1.0 - decay)
+    torch._foreach_mul_(g2s, decay)
+    torch._foreach_addcmul_(g2s, grads, grads, value=1.0 - decay)
+    torch._foreach_copy_(denoms, g2s)
+    torch._foreach_addcmul_(denoms, gs, gs, value=-1.0)  # g2 - g^2
+    torch._foreach_add_(denoms, eps)
+    torch._foreach_sqrt_(denoms)
+    torch._foreach_addcdiv_(params, grads, denoms, value=-lr)
+
+
+def _rmsprop_elementwise(params, grads, gs, g2s, lr: Tensor, decay: float, eps: float, weight_cost: float) -> None:
+    for p, grad, g, g2 in zip(params, grads, gs, g2s):
+        if weight_cost != 0:
+            grad = grad + weight_cost * p
+        g.mul_(decay).add_(grad, alpha=1.0 - decay)
+        g2.mul_(decay).addcmul_(grad, grad, value=1.0 - decay)
+        p.add_(grad / (g2 - g * g + eps).sqrt() * -lr)
+
+
+_FUSED_RMSPROP = None
+
+
+def _fused_rmsprop():
+    global _FUSED_RMSPROP
+    if _FUSED_RMSPROP is None:
+        _FUSED_RMSPROP = torch.compile(_rmsprop_elementwise, dynamic=False, fullgraph=True)
+    return _FUSED_RMSPROP
 
 
 def lr_at(step: int, *, learn_start: int, lr_start: float, lr_end: float, lr_endt: int) -> float:
@@ -259,6 +296,7 @@ class Learner:
         adam_eps: float = 4.8e-3,
         double: bool = False,
         precision: str = "fp32",
+        compile: bool = False,
     ):
         self.device = torch.device(device)
         self.online_network = network.to(self.device)
@@ -281,6 +319,17 @@ class Learner:
         self.rescale_r = rescale_r
         self.r_max = r_max
         self.uses_agent_ids = getattr(network, "n_agents", 0) > 0
+        self.compiled = compile
+        self._forward = self._forward_targets
+        if compile:
+            if self.device.type == "cpu" and isinstance(network, DQN3ConvNet):
+                # oneDNN's convolutions work in NHWC: with the weights stored so, no reorder per call
+                self.online_network.to(memory_format=torch.channels_last)
+                self.target_network.to(memory_format=torch.channels_last)
+            # the forwards and targets as one graph (its backward compiled with it), the optimizer as one kernel
+            self._forward = torch.compile(self._forward_targets, dynamic=False)
+            if isinstance(self.optimizer, DQN3RMSprop):
+                self.optimizer.fused = True
 
     def _ids(self, agent_ids: Tensor | None) -> Tensor | None:
         return agent_ids if self.uses_agent_ids else None
@@ -323,7 +372,24 @@ class Learner:
 
     def _update(self, states, actions, rewards, next_states, terminals, agent_ids, next_action_masks, step,
                 discounts, weights) -> dict[str, Tensor]:
-        ids = self._ids(agent_ids)
+        q_all, targets, delta, q2_max = self._forward(states, actions, rewards, next_states, terminals,
+                                                      self._ids(agent_ids), next_action_masks, discounts, weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        # DQN3.0's injected output gradient in the output's dtype: under bf16, -targets rounded to bf16 (the
+        # same as injecting fp32 -targets into q_all.float(), whose backward rounds it); .grad lands in fp32.
+        q_all.backward((-targets).to(q_all.dtype))
+        lr = lr_at(step, learn_start=self.learn_start, lr_start=self.lr_start, lr_end=self.lr_end, lr_endt=self.lr_endt)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        q_sa = q_all.detach().float().gather(1, actions.long().view(-1, 1))
+        return {"abs_delta": delta.abs().mean(), "q_mean": q_sa.mean(), "q2_max": q2_max.mean(), "delta": delta}
+
+    def _forward_targets(self, states, actions, rewards, next_states, terminals, ids, next_action_masks, discounts,
+                         weights) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The forwards and DQN3.0's targets of one update: ``(q_all, targets, delta, q2_max)``, where q_all
+        (B, A) is Q(s, .) with its autograd graph and targets (B, A) the gradient to inject (weighted by the
+        importance weights of prioritized replay). ``compile = true`` runs this compiled."""
         with self._autocast():
             with torch.no_grad():
                 q2_all = (self.target_network if self.use_target else self.online_network)(next_states, ids)
@@ -346,16 +412,7 @@ class Learner:
         )
         if weights is not None:
             targets = targets * weights.to(targets.dtype).view(-1, 1)
-        self.optimizer.zero_grad(set_to_none=True)
-        # DQN3.0's injected output gradient in the output's dtype: under bf16, -targets rounded to bf16 (the
-        # same as injecting fp32 -targets into q_all.float(), whose backward rounds it); .grad lands in fp32.
-        q_all.backward((-targets).to(q_all.dtype))
-        lr = lr_at(step, learn_start=self.learn_start, lr_start=self.lr_start, lr_end=self.lr_end, lr_endt=self.lr_endt)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
-        q_sa = q_all.detach().float().gather(1, actions.long().view(-1, 1))
-        return {"abs_delta": delta.abs().mean(), "q_mean": q_sa.mean(), "q2_max": q2_max.mean(), "delta": delta}
+        return q_all, targets, delta, q2_max
 
     def sync_target(self) -> None:
         """Copy the online weights into the target network (DQN3.0: every target_q steps)."""

@@ -25,7 +25,7 @@ from madqn.errors import MadqnError
 _POLL_S = 1.0
 
 
-def _context() -> Any:
+def worker_context() -> Any:
     """Workers are forked from a clean forkserver that imported madqn once (fast starts, and no fork
     of this process, whose torch/OpenMP and cv2 thread pools would not survive it); spawn elsewhere."""
     if "forkserver" in mp.get_all_start_methods():
@@ -116,7 +116,7 @@ class WorkerEnv:
         self._pending = False
         self._closed = False
         self.agents: list[str] = []
-        ctx = _context()
+        ctx = worker_context()
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(target=_worker, args=(child, spec, config.to_dict(), seed),
                                     name=f"madqn-env-{index}", daemon=True)

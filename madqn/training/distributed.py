@@ -41,8 +41,8 @@ from madqn.config import Config
 from madqn.envs.adapters import action_starts, observation_specs
 from madqn.errors import MadqnError
 from madqn.training.learners import LearnerSet, group_members, q_network_for, replay_seeds_and_acting_rng
-from madqn.training.trainer import Hook, TrainerBase, resolve_device
-from madqn.envs.vecenv import make_envs
+from madqn.training.trainer import Hook, TrainerBase, resolve_device, resolve_threads
+from madqn.envs.vecenv import make_envs, worker_context
 
 
 def apex_epsilons(n_actors: int, eps: float = 0.4, alpha: float = 7.0) -> list[float]:
@@ -206,6 +206,154 @@ class RayPool:
             self.ray.shutdown()
 
 
+class ProcessPool:
+    """Actors in worker processes of this machine (``backend = "process"``): the Ray design without Ray.
+
+    Each actor is an :class:`Actor` in its own process (forkserver, one torch thread), driven through a
+    pipe; the learner runs in this process, so acting and learning use separate cores and never wait for
+    each other's Python (one process's threads would share one interpreter lock). Weights travel with a
+    call only when they are newer than what that actor has. A dead actor process is started again with a
+    new seed and its outstanding calls are sent again (as Ray retries them): their batches come from the
+    new actor, whose first batch makes the feed end the old episodes. An actor that dies ``max_restarts``
+    times, or whose code raises, stops the run with one line.
+    """
+
+    max_restarts = 5
+
+    def __init__(self, config: Config, env_spec: Any):
+        if not isinstance(env_spec, str):
+            raise MadqnError("backend = 'process' needs the env as a spec string (an Atari name, "
+                             "'package.module:callable' or 'file.py:callable') that an actor process can build")
+        self.config = config
+        self.env_spec = env_spec
+        self.ctx = worker_context()
+        self.calls: list[list[tuple]] = [[] for _ in range(config.actors)]  # outstanding calls per actor
+        self.sent_version = [-1] * config.actors  # newest weights each actor process has been sent
+        self.restarts = [0] * config.actors
+        self.latest_weights: Any = None
+        self.workers: list[tuple[Any, Any]] = []
+        try:
+            for i in range(config.actors):
+                self.workers.append(self._start(i, 0))
+            for i in range(config.actors):
+                self._expect_ready(i)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, index: int, reseed: int) -> tuple[Any, Any]:
+        conn, child = self.ctx.Pipe()
+        process = self.ctx.Process(target=_actor_process, args=(child, self.config.to_dict(), index, self.env_spec,
+                                                                reseed), name=f"madqn-actor-{index}", daemon=True)
+        process.start()
+        child.close()
+        return process, conn
+
+    def _expect_ready(self, index: int) -> None:
+        try:
+            kind, payload = self.workers[index][1].recv()
+        except (EOFError, OSError):
+            raise MadqnError(f"actor {index} died while starting (exit code {self.workers[index][0].exitcode})") \
+                from None
+        if kind == "error":
+            raise MadqnError(f"actor {index} failed to start: {payload}")
+
+    def submit(self, actor: int, n_steps: int, global_step: int, weights: Any) -> None:
+        self.latest_weights = weights
+        self.calls[actor].append((n_steps, global_step))
+        self._send(actor, n_steps, global_step)
+
+    def _send(self, actor: int, n_steps: int, global_step: int) -> None:
+        weights = self.latest_weights
+        if weights is not None and weights[0] > self.sent_version[actor]:
+            self.sent_version[actor] = weights[0]
+        else:
+            weights = None
+        try:
+            self.workers[actor][1].send(("rollout", (n_steps, global_step, weights)))
+        except (BrokenPipeError, OSError):
+            pass  # it died: next() sees the closed pipe and restarts it
+
+    def next(self, timeout: float | None = None) -> Rollout | None:
+        from multiprocessing.connection import wait
+
+        busy = {self.workers[a][1]: a for a in range(len(self.workers)) if self.calls[a]}
+        if not busy:
+            return None
+        ready = wait(list(busy), timeout)
+        if not ready:
+            return None
+        actor = busy[ready[0]]
+        try:
+            kind, payload = ready[0].recv()
+        except (EOFError, OSError):
+            self._restart(actor)
+            return self.next(timeout)
+        if kind == "error":
+            raise MadqnError(f"actor {actor} failed: {payload}")
+        self.calls[actor].pop(0)
+        return payload
+
+    def _restart(self, actor: int) -> None:
+        """Start a dead actor's process again (a new seed: fresh episodes) and send its outstanding calls again."""
+        process, conn = self.workers[actor]
+        process.join(timeout=5)
+        conn.close()
+        self.restarts[actor] += 1
+        if self.restarts[actor] > self.max_restarts:
+            raise MadqnError(f"actor {actor} died {self.restarts[actor]} times (last exit code {process.exitcode}); "
+                             "the run stops, its last checkpoint is intact")
+        print(f"madqn: actor {actor} died (exit code {process.exitcode}); starting it again", file=sys.stderr,
+              flush=True)
+        reseed = int(np.random.default_rng().integers(1, 2**20)) * 1000
+        self.workers[actor] = self._start(actor, reseed)
+        self._expect_ready(actor)
+        self.sent_version[actor] = -1
+        for n_steps, global_step in self.calls[actor]:
+            self._send(actor, n_steps, global_step)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p, _ in self.workers]
+
+    def close(self) -> None:
+        for process, conn in self.workers:
+            try:
+                conn.send(("close", None))
+            except (BrokenPipeError, OSError):
+                pass
+        for process, conn in self.workers:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            conn.close()
+        self.workers = []
+
+
+def _actor_process(conn: Any, config_dict: dict[str, Any], index: int, env_spec: str, reseed: int) -> None:
+    """An actor process's main loop: build the :class:`Actor`, answer rollout calls until 'close'."""
+    try:
+        import cv2
+
+        cv2.setNumThreads(1)
+        torch.set_num_threads(1)  # one core per actor: the learner has its own
+        actor = Actor(config_dict, index, env_spec, reseed)
+        conn.send(("ready", None))
+        while True:
+            command, args = conn.recv()
+            if command == "close":
+                actor.close()
+                return
+            conn.send(("ok", actor.rollout(*args)))
+    except (KeyboardInterrupt, EOFError, BrokenPipeError):
+        return
+    except BaseException as e:  # a bug or a bad env: reported to the learner, which stops with one line
+        try:
+            conn.send(("error", f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"))
+        except (BrokenPipeError, OSError):
+            pass
+
+
 class RayActorProcess:
     """The Ray actor: an :class:`Actor` built inside the actor process (reseeded when Ray rebuilds it)."""
 
@@ -298,24 +446,30 @@ class ActorFeed:
 class DistributedTrainer(TrainerBase):
     """The learner of a distributed run: a learner set and the usual hooks, fed by a pool of actors.
 
-    ``pool``: ``"ray"`` or ``"inline"`` (actors in this process, for tests). Checkpoints carry networks,
+    ``pool``: ``"ray"``, ``"process"`` (actor processes on this machine) or ``"inline"`` (actors in this
+    process, for tests). Checkpoints carry networks,
     optimizers, counters, generators and the held replay entries; a resumed run's actors start fresh
     episodes.
     """
 
     def __init__(self, config: Config, env: Any = None, hooks: Iterable[Hook] = (), pool: str = "ray"):
+        backend = "process" if pool == "process" else "ray"
         if config.overlap:
-            raise MadqnError("backend = 'ray' learns in this process while the actors act: overlap must be false")
+            raise MadqnError(f"backend = '{backend}' learns in this process while the actors act: overlap must be false")
         if config.video_freq:
-            raise MadqnError("backend = 'ray' does not record training videos (video_freq = 0); "
+            raise MadqnError(f"backend = '{backend}' does not record training videos (video_freq = 0); "
                              "record them afterwards with: madqn video RUN_DIR")
         self.config = config
         self.hooks = list(hooks)
         self.device = resolve_device(config.device)
-        if config.num_threads:
+        if pool == "process":  # the actors' cores are on this machine: torch gets the others
+            self.torch_threads, self.threads_reason = resolve_threads(config.num_threads, config.actors)
+            torch.set_num_threads(self.torch_threads)
+        elif config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.env_spec = config.env if env is None else env
-        self.pool = InlinePool(config, env) if pool == "inline" else RayPool(config, self.env_spec)
+        pools = {"inline": lambda: InlinePool(config, env), "process": lambda: ProcessPool(config, self.env_spec)}
+        self.pool = pools.get(pool, lambda: RayPool(config, self.env_spec))()
         probe, has_masks = self._probe_env()
         self.agents = list(probe.possible_agents)
         self.observation_specs = observation_specs(probe, config)  # raw observation -> network input (checkpoints)

@@ -142,7 +142,7 @@ class LearnerSet:
                               discount=c.discount, clip_delta=c.clip_delta, rescale_r=c.rescale_r, r_max=1.0,
                               weight_cost=c.wc, device=device, decay=c.rmsprop_decay, eps=c.rmsprop_eps,
                               use_target=c.target_q > 0, optimizer=c.optimizer, adam_eps=c.adam_eps,
-                              double=c.double, precision=c.precision)
+                              double=c.double, precision=c.precision, compile=c.compile)
             replay = ReplayMemory(capacity, tuple(obs_space.shape), c.hist_len,
                                   n_streams=len(agents) * n_copies, frame_dtype=obs_space.dtype,
                                   n_actions=n_actions, store_action_masks=has_masks, seed=seed, n_step=c.n_step,

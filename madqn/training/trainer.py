@@ -133,6 +133,8 @@ class Trainer(TrainerBase):
     ``config.steps`` agent steps. With ``overlap = true`` the same learner set runs its rounds in a
     thread (madqn.training.overlap)."""
 
+    _replay_lock: Any = nullcontext()
+
     def __init__(self, config: Config, env: Any = None, hooks: Iterable[Hook] = ()):
         self.config = config
         self.hooks = list(hooks)
@@ -158,6 +160,8 @@ class Trainer(TrainerBase):
         self.acting = ActingLoop(config, envs, self.learners.online_networks, self, acting_rng, self.device,
                                  started=started)
         self.background = BackgroundLearner(self.learners, self.acting.policy.refresh) if config.overlap else None
+        # held only around replay writes: the envs emulate while the learner thread samples
+        self._replay_lock = self.background.replay_lock if self.background is not None else nullcontext()
 
     @property
     def step(self) -> int:
@@ -179,7 +183,8 @@ class Trainer(TrainerBase):
     def add(self, agent: str, copy: int, frame: np.ndarray, action: int, reward: float, terminal: bool,
             episode_end: bool, mask: Any = None) -> None:
         """A transition from the acting loop: straight into its learner's replay stream."""
-        self.learners.add(agent, copy, frame, action, reward, terminal, episode_end, mask)
+        with self._replay_lock:  # overlap mode: the learner thread samples the same memory
+            self.learners.add(agent, copy, frame, action, reward, terminal, episode_end, mask)
 
     def episode(self, record: EpisodeRecord) -> None:
         """A finished episode from the acting loop: to every hook."""
@@ -212,8 +217,7 @@ class Trainer(TrainerBase):
             self.background.submit(n_updates, step, sync_target)
         else:
             self.learners.run_round(n_updates, step, sync_target)
-        with self.background.replay_lock if self.background is not None else nullcontext():
-            self.acting.collect(sent)
+        self.acting.collect(sent)
 
     def _hooks_due(self, prev: int) -> bool:
         """Whether this step crossed a multiple of prog_freq, save_freq or eval_freq (where hooks act)."""
