@@ -231,6 +231,18 @@ class ReplayMemory:
 
     # ------------------------------------------------------------------ reading
 
+    def entries(self, stream: int):
+        """The stored entries of ``stream``, oldest first, as ``add``'s arguments after the stream:
+        ``(frame, action, reward, terminal, episode_end, action_mask)`` (mask None when not stored).
+        ``other.add(stream, *entry)`` for each rebuilds the stream in another memory."""
+        written = int(self.written[stream])
+        for n in range(max(0, written - self.capacity), written):
+            pos = n % self.capacity
+            mask = None if self.action_masks is None else self.action_masks[stream, pos].copy()
+            yield (self.frames[stream, pos].copy(), int(self.actions[stream, pos]), float(self.rewards[stream, pos]),
+                   bool(self.terminal[stream, pos]), bool(self.episode_end[stream, pos]), mask)
+
+
     def __len__(self) -> int:
         return int(np.minimum(self.written, self.capacity).sum())
 

@@ -20,6 +20,8 @@ Test hook (never set it in real runs): ``MADQN_FAULT=checkpoint_write:N[:ACTION]
 checkpoint file this process writes, after half of its temporary file is on disk. ACTION ``kill``
 (default) sends SIGKILL to the process, ``enospc`` raises ``OSError(ENOSPC)`` (a full disk),
 ``stall`` sleeps 60 s before finishing the write (a window for signal tests).
+
+:class:`CheckpointHook` writes a run's checkpoints (every ``save_freq`` agent steps and at the end).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ import numpy as np
 import torch
 
 from madqn.errors import CheckpointError
+from madqn.training.guard import NumericsGuard
 from madqn.training.learners import UPDATE_STAT_KEYS
+from madqn.training.trainer import Hook, TrainerBase
 
 FORMAT_VERSION = 2
 TRAINER_KIND = "madqn-trainer"
@@ -236,6 +240,57 @@ def replay_state(trainer: Any) -> dict[str, Any]:
     return {"format_version": FORMAT_VERSION, "kind": REPLAY_KIND, "step": int(trainer.step),
             "groups": {name: {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in memory.items()}
                        for name, memory in trainer.learners.replay_state_dict().items()}}
+
+
+# ---- writing a run's checkpoints ------------------------------------------------------------------
+
+class CheckpointHook(Hook):
+    """Saves ``checkpoints/latest.pt`` (and ``replay.pt`` with ``save_replay``) every ``save_freq``
+    agent steps and at the end of the run.
+
+    Never saves weights the guard finds non-finite, nor the state of a run that ended by an
+    exception (it may be mid-step). A failed write (full disk) leaves the previous checkpoint in
+    place, records ``error`` and stops the run after the current step.
+    """
+
+    def __init__(self, run_dir: Path, guard: NumericsGuard | None = None):
+        self.dir = Path(run_dir) / "checkpoints"
+        self.guard = guard
+        self.error: CheckpointError | None = None
+        self.saved_step: int | None = None  # step of the newest complete checkpoint
+
+    @property
+    def path(self) -> Path:
+        return self.dir / LATEST
+
+    def on_start(self, trainer: TrainerBase) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        remove_temporaries(self.dir)
+        self.next_save = (trainer.step // trainer.config.save_freq + 1) * trainer.config.save_freq
+
+    def on_step(self, trainer: TrainerBase) -> None:
+        if trainer.step >= self.next_save:
+            self.save(trainer)
+            self.next_save = (trainer.step // trainer.config.save_freq + 1) * trainer.config.save_freq
+
+    def on_end(self, trainer: TrainerBase) -> None:
+        if trainer.failed or self.error is not None or trainer.step == self.saved_step:
+            return
+        self.save(trainer)
+
+    def save(self, trainer: TrainerBase) -> None:
+        if self.error is not None or (self.guard is not None and not self.guard.check(trainer)):
+            return
+        try:
+            if trainer.config.save_replay:
+                atomic_save(replay_state(trainer), self.dir / REPLAY)
+            atomic_save(trainer_state(trainer), self.path)
+        except OSError as e:  # the previous checkpoint files are untouched (atomic_save)
+            self.error = CheckpointError(f"cannot write the checkpoint of step {trainer.step} to {self.dir}: "
+                                         f"{e.strerror or e}")
+            trainer.stop_requested = True
+            return
+        self.saved_step = trainer.step
 
 
 # ---- restoring ----------------------------------------------------------------------------------

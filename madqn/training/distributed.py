@@ -36,13 +36,13 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from madqn.training.acting import ActingLoop, Entry, EpisodeRecord, RecordingSink
 from madqn.config import Config
-from madqn.envs.adapters import action_starts, observation_specs
+from madqn.envs.adapters import action_starts, make_env, observation_specs
+from madqn.envs.vecenv import make_envs
 from madqn.errors import MadqnError
+from madqn.training.acting import ActingLoop, Entry, EpisodeRecord, RecordingSink
 from madqn.training.learners import LearnerSet, group_members, q_network_for, replay_seeds_and_acting_rng
 from madqn.training.trainer import Hook, TrainerBase, resolve_device
-from madqn.envs.vecenv import make_envs
 
 
 def apex_epsilons(n_actors: int, eps: float = 0.4, alpha: float = 7.0) -> list[float]:
@@ -340,8 +340,6 @@ class DistributedTrainer(TrainerBase):
         if isinstance(self.pool, InlinePool):
             acting = self.pool.actors[0].acting
             return acting.envs[0], any("action_mask" in info for infos in acting.infos for info in infos.values())
-        from madqn.envs.adapters import make_env
-
         env = make_env(self.env_spec, self.config, seed=self.config.seed)
         _, infos = env.reset()
         return env, any("action_mask" in info for info in infos.values())

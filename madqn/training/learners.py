@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from madqn.config import Config
-from madqn.errors import CheckpointError, MadqnError
 from madqn.core.learner import Learner
 from madqn.core.networks import build_q_network
 from madqn.core.prioritized import annealed_beta
 from madqn.core.replay import ReplayMemory, available_memory, replay_nbytes, stream_capacity
+from madqn.errors import CheckpointError, MadqnError
 
 SHARED = "shared"
 UPDATE_STAT_KEYS = ("abs_delta", "q_mean", "q2_max")  # Learner.update statistics, in this column order
@@ -195,17 +195,17 @@ class LearnerSet:
             for g in self.groups:
                 g.learner.sync_target()
 
-    def learn(self, step: int, replay_lock: Any = None) -> None:
+    def learn(self, step: int, replay_lock: Any = None, groups: Sequence[Group] | None = None) -> None:
         """One minibatch update of every learner whose replay can give one (``step``: the agent step for the
-        lr and beta schedules; ``replay_lock``: held while touching the replay, in overlap mode). With a
-        small ``learn_start`` the first rounds find no complete transition yet and wait, as DQN3.0 learns
-        only from a table that can be sampled."""
+        lr and beta schedules; ``replay_lock``: held while touching the replay, in overlap mode; ``groups``:
+        only these learners, e.g. one to time it). With a small ``learn_start`` the first rounds find no
+        complete transition yet and wait, as DQN3.0 learns only from a table that can be sampled."""
         c = self.config
         lock = replay_lock if replay_lock is not None else nullcontext()
         beta = annealed_beta(step, beta_start=c.priority_beta, learn_start=c.learn_start,
                              anneal_steps=c.priority_beta_endt or c.steps - c.learn_start)
         to = self._to_device
-        for g in self.groups:
+        for g in self.groups if groups is None else groups:
             with lock:
                 if not g.replay.can_sample():
                     continue
