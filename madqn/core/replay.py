@@ -234,7 +234,8 @@ class ReplayMemory:
     def entries(self, stream: int):
         """The stored entries of ``stream``, oldest first, as ``add``'s arguments after the stream:
         ``(frame, action, reward, terminal, episode_end, action_mask)`` (mask None when not stored).
-        ``other.add(stream, *entry)`` for each rebuilds the stream in another memory."""
+        ``other.add(stream, *entry)`` for each rebuilds the stream in another memory (where the oldest entry
+        starts a fresh history, zero-padded, if this memory had wrapped around)."""
         written = int(self.written[stream])
         for n in range(max(0, written - self.capacity), written):
             pos = n % self.capacity
