@@ -23,7 +23,7 @@ from madqn.cli.registry import command
 from madqn.commands import madqn_command
 from madqn.errors import CheckpointError, MadqnError
 from madqn.evaluation.agents import Agents
-from madqn.training.checkpoint import AGENTS_KIND, FORMAT_VERSION, PLAY_KINDS, atomic_save, safe_load
+from madqn.training.checkpoint import AGENTS_KIND, FORMAT_VERSION, PLAY_KINDS, atomic_save, online_weights, safe_load
 
 __all__ = ["ExportResult", "agents_state", "export_agents"]
 
@@ -47,9 +47,8 @@ def agents_state(state: dict[str, Any]) -> dict[str, Any]:
     """
     groups = {}
     for name, group in state["groups"].items():
-        online = group["online"] if "online" in group else group["learner"]["online"]
         groups[name] = {"agents": list(group["agents"]), "n_actions": int(group["n_actions"]),
-                        "online": {k: v.detach().to("cpu").clone() for k, v in online.items()}}
+                        "online": {k: v.detach().to("cpu").clone() for k, v in online_weights(group).items()}}
     return {
         "format_version": FORMAT_VERSION,
         "kind": AGENTS_KIND,

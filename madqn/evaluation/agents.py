@@ -20,7 +20,7 @@ from madqn.config import Config, FIELD_NAMES, make_config
 from madqn.core.actor import RecentHistory, epsilon_greedy
 from madqn.envs.adapters import ObservationSpec, action_starts, make_env, observation_specs
 from madqn.errors import CheckpointError, ConfigError, MadqnError
-from madqn.training.checkpoint import PLAY_KINDS, safe_load
+from madqn.training.checkpoint import PLAY_KINDS, online_weights, safe_load
 from madqn.training.learners import q_network_for
 from madqn.training.trainer import resolve_threads
 
@@ -84,7 +84,7 @@ class Agents:
             members = list(group["agents"])
             network = q_network_for(config, specs[members[0]].shape, int(group["n_actions"]), len(agents))
             try:
-                network.load_state_dict(group["online"] if "online" in group else group["learner"]["online"])
+                network.load_state_dict(online_weights(group))
             except (RuntimeError, KeyError) as e:
                 raise CheckpointError(f"{source}: network of {name} does not match its config "
                                       f"({str(e).splitlines()[0]})") from None

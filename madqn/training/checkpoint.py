@@ -180,6 +180,13 @@ def _check_layout(obj: dict[str, Any], layout: dict[str, Any], path: Path) -> No
             raise CheckpointError(f"refusing to load {path}: entry {key!r} is missing or malformed")
 
 
+def online_weights(group: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The online network's weights of one entry of a loaded file's ``groups``: the learner's in a trainer
+    checkpoint (``group["learner"]["online"]``), the exported ones in a ``madqn-agents`` file (``group["online"]``).
+    What playing loads (``Agents.from_state``) and what ``madqn export`` writes."""
+    return group["online"] if "online" in group else group["learner"]["online"]
+
+
 def load_run_checkpoint(run_dir: Path) -> tuple[dict[str, Any], Path]:
     """The latest trainer checkpoint of a run directory, with its path."""
     run_dir = Path(run_dir)
