@@ -161,22 +161,39 @@ def safe_load(path: Path, kind: str | tuple[str, ...] = TRAINER_KIND, map_locati
         expected = " or ".join(repr(k) for k in kinds)
         raise CheckpointError(f"refusing to load {path}: it is a {obj.get('kind')!r} file, expected {expected}")
     _check_layout(obj, _LAYOUT[obj["kind"]], path)
+    if obj["kind"] == TRAINER_KIND:  # the acting side of one backend, its config's first (that one's error)
+        backend = obj["config"].get("backend")
+        layouts = sorted(ACTING_LAYOUT.items(), key=lambda item: item[0] != backend)
+        if not any(_has_layout(obj, layout) for _, layout in layouts):
+            _check_layout(obj, layouts[0][1], path)
     return obj
 
 
 _LAYOUT: dict[str, dict[str, type | tuple[type, ...]]] = {
     TRAINER_KIND: {"config": dict, "agents": list, "step": int, "episodes": int, "learn_from": int,
-                   "wall_time": float, "groups": dict, "rng": dict, "envs": list, "slots": list,
-                   "observations": list, "action_masks": list},  # + "held": a Ray run's held replay entries
+                   "wall_time": float, "groups": dict, "rng": dict},  # + the acting side's part: ACTING_LAYOUT
     REPLAY_KIND: {"step": int, "groups": dict},
     AGENTS_KIND: {"config": dict, "agents": list, "step": int, "groups": dict, "observation_specs": dict,
                   "action_starts": dict},
 }
 
 
+# a trainer checkpoint's acting side, one of these by the backend that wrote it: the in-process acting loop's
+# state (env copies, slots), or what a Ray run's learner holds (the newest replay entry of each stream). Ray
+# checkpoints written before this table also carry empty acting-loop lists: they load.
+ACTING_LAYOUT: dict[str, dict[str, type]] = {
+    "local": {"envs": list, "slots": list, "observations": list, "action_masks": list},
+    "ray": {"held": list},
+}
+
+
+def _has_layout(obj: dict[str, Any], layout: dict[str, Any]) -> bool:
+    return all(isinstance(obj.get(key), want) and not isinstance(obj.get(key), bool) for key, want in layout.items())
+
+
 def _check_layout(obj: dict[str, Any], layout: dict[str, Any], path: Path) -> None:
     for key, want in layout.items():
-        if not isinstance(obj.get(key), want) or isinstance(obj.get(key), bool):
+        if not _has_layout(obj, {key: want}):
             raise CheckpointError(f"refusing to load {path}: entry {key!r} is missing or malformed")
 
 
@@ -239,7 +256,7 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
         "wall_time": float(time.time() - trainer.start_time),
         **trainer.learners.state_dict(),  # learn_from, groups
         **_to_torch({k: v for k, v in acting.items() if k != "rng"}),  # envs, slots, observations, action_masks
-        "rng": {"numpy": acting["rng"], "torch": torch.get_rng_state(), "cuda": list(cuda_rng)},
+        "rng": {"numpy": _to_torch(acting["rng"]), "torch": torch.get_rng_state(), "cuda": list(cuda_rng)},
     }
 
 
@@ -360,7 +377,7 @@ def restore_trainer(trainer: Any, state: dict[str, Any], path: Path) -> bool:
 
 def acting_state(state: dict[str, Any]) -> dict[str, Any]:
     """The acting side's part of a checkpoint, as numpy arrays and plain values."""
-    keys = ("envs", "slots", "observations", "action_masks", "held")
+    keys = [k for layout in ACTING_LAYOUT.values() for k in layout]
     return {"rng": state["rng"]["numpy"], **_to_numpy({k: state[k] for k in keys if k in state})}
 
 

@@ -27,6 +27,7 @@ from madqn.core.learner import Learner
 from madqn.core.networks import build_q_network
 from madqn.core.prioritized import annealed_beta
 from madqn.core.replay import ReplayMemory, available_memory, replay_nbytes, stream_capacity
+from madqn.core.rng import generator_state, set_generator_state
 from madqn.errors import CheckpointError, MadqnError
 
 SHARED = "shared"
@@ -254,7 +255,8 @@ class LearnerSet:
                 "groups": {g.name: {"agents": list(g.agents), "n_actions": g.n_actions,
                                     "learner": g.learner.state_dict(), "updates": g.updates,
                                     "r_max": float(g.learner.r_max), "update_stats": g.update_stats.state_dict(),
-                                    "replay_rng": g.replay.rng.bit_generator.state} for g in self.groups}}
+                                    "replay_rng": torch.from_numpy(generator_state(g.replay.rng))}
+                           for g in self.groups}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for g in self.groups:
@@ -267,7 +269,7 @@ class LearnerSet:
             g.updates = int(saved["updates"])
             g.learner.r_max = float(saved["r_max"])
             g.update_stats.load_state_dict(saved["update_stats"])
-            g.replay.rng.bit_generator.state = saved["replay_rng"]
+            set_generator_state(g.replay.rng, saved["replay_rng"])  # before words: a bit_generator.state dict
         self.learn_from = int(state["learn_from"])
 
     def replay_state_dict(self) -> dict[str, Any]:
