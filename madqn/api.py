@@ -10,32 +10,33 @@ with a checkpoint; a second signal exits at once, leaving the last complete chec
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import sys
-import threading
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
-from madqn.envs.atari import is_atari_spec
-from madqn.training.checkpoint import (LATEST, REPLAY, REPLAY_KIND, atomic_save, atomic_write_text,
-                              close_interrupted_episodes, load_run_checkpoint, remove_temporaries, replay_state,
-                              restore_replay, restore_trainer, safe_load, trainer_state, truncate_csv)
-from madqn.cli.commands import resume_command
+import torch
+
+from madqn.commands import resume_command
 from madqn.config import Config, _check_keys, load_toml, make_config
-from madqn.errors import CheckpointError, ConfigError, MadqnError, NonFiniteError
-from madqn.evaluation.eval_hook import EvalHook
-from madqn.training.guard import NumericsGuard
-from madqn.evaluation import EvalResult, evaluate
-from madqn.training.metrics import MetricsHook
-from madqn.training.progress import ProgressHook
 from madqn.core.learner import describe_precision
-from madqn.training.trainer import Hook, Trainer, TrainerBase, default_run_dir, resolve_device
-from madqn.training.tensorboard import TensorBoardHook
+from madqn.envs.atari import is_atari_spec
+from madqn.errors import CheckpointError, ConfigError, MadqnError, NonFiniteError
+from madqn.evaluation import EvalResult, evaluate
+from madqn.evaluation.agents import Agents
+from madqn.evaluation.eval_hook import EvalHook
 from madqn.evaluation.video import VideoHook
+from madqn.training.checkpoint import (REPLAY, REPLAY_KIND, CheckpointHook, atomic_write_text,
+                                       close_interrupted_episodes, load_run_checkpoint, restore_replay,
+                                       restore_trainer, safe_load, truncate_csv)
+from madqn.training.distributed import DistributedTrainer
+from madqn.training.guard import NumericsGuard
+from madqn.training.metrics import CsvWriter, MetricsHook
+from madqn.training.progress import EvalProgress, ProgressHook
+from madqn.training.signals import NoSignals, StopOnSignal
+from madqn.training.tensorboard import TensorBoardHook
+from madqn.training.trainer import Hook, Trainer, TrainerBase, default_run_dir, resolve_device
 
 # Config keys a resumed run may change: they do not alter what was learned or how the saved state is read.
 RESUME_SAFE_KEYS = ("steps", "device", "num_threads", "prog_freq", "save_freq", "save_replay", "final_eval_episodes",
@@ -55,92 +56,6 @@ class RunResult:
     resumed_from: int | None = None  # step of the checkpoint this run continued from
     eval_scores: dict[str, float] = field(default_factory=dict)  # agent -> mean raw score of the final evaluation
     evaluation: EvalResult | None = None  # the final evaluation's per-episode scores (None if final_eval_episodes = 0)
-
-
-class CheckpointHook(Hook):
-    """Saves ``checkpoints/latest.pt`` (and ``replay.pt`` with ``save_replay``) every ``save_freq``
-    agent steps and at the end of the run.
-
-    Never saves weights the guard finds non-finite, nor the state of a run that ended by an
-    exception (it may be mid-step). A failed write (full disk) leaves the previous checkpoint in
-    place, records ``error`` and stops the run after the current step.
-    """
-
-    def __init__(self, run_dir: Path, guard: NumericsGuard | None = None):
-        self.dir = Path(run_dir) / "checkpoints"
-        self.guard = guard
-        self.error: CheckpointError | None = None
-        self.saved_step: int | None = None  # step of the newest complete checkpoint
-
-    @property
-    def path(self) -> Path:
-        return self.dir / LATEST
-
-    def on_start(self, trainer: Trainer) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        remove_temporaries(self.dir)
-        self.next_save = (trainer.step // trainer.config.save_freq + 1) * trainer.config.save_freq
-
-    def on_step(self, trainer: Trainer) -> None:
-        if trainer.step >= self.next_save:
-            self.save(trainer)
-            self.next_save = (trainer.step // trainer.config.save_freq + 1) * trainer.config.save_freq
-
-    def on_end(self, trainer: Trainer) -> None:
-        if trainer.failed or self.error is not None or trainer.step == self.saved_step:
-            return
-        self.save(trainer)
-
-    def save(self, trainer: Trainer) -> None:
-        if self.error is not None or (self.guard is not None and not self.guard.check(trainer)):
-            return
-        try:
-            if trainer.config.save_replay:
-                atomic_save(replay_state(trainer), self.dir / REPLAY)
-            atomic_save(trainer_state(trainer), self.path)
-        except OSError as e:  # the previous checkpoint files are untouched (atomic_save)
-            self.error = CheckpointError(f"cannot write the checkpoint of step {trainer.step} to {self.dir}: "
-                                         f"{e.strerror or e}")
-            trainer.stop_requested = True
-            return
-        self.saved_step = trainer.step
-
-
-class StopOnSignal:
-    """SIGINT/SIGTERM: the first asks the trainer to stop after the current step (the hooks then
-    write a checkpoint and flush the metrics); a second exits at once with 128 + signal number.
-    Checkpoints are written atomically, so exiting mid-write keeps the last complete one.
-    Installed only in the main thread; the previous handlers come back on exit.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
-        self.received: str | None = None
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "StopOnSignal":
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self.previous[sig] = signal.signal(sig, self.handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-    def handle(self, signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
-        if self.received is None:
-            self.received = name
-            self.trainer.stop_requested = True
-            print(f"madqn: {name} received: finishing the current step, then writing a checkpoint "
-                  "(send it again to exit at once)", file=sys.stderr, flush=True)
-            return
-        print(f"madqn: second {name}: exiting now without a new checkpoint; the last complete one is kept",
-              file=sys.stderr, flush=True)
-        os._exit(128 + signum)
 
 
 def check_run_dir(run_dir: Path, force: bool) -> None:
@@ -241,7 +156,7 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
         resumed_from = start_run_dir(trainer, plan, checkpoints, force)
         atomic_write_text(plan.run_dir / "config.toml", cfg.to_toml())
         start = time.time()
-        with StopOnSignal(trainer) if handle_signals else _NoSignals() as stop:
+        with StopOnSignal(trainer) if handle_signals else NoSignals() as stop:
             trainer.run()
         wall_time = time.time() - start
         evaluation = None
@@ -315,8 +230,6 @@ def build_trainer(config: Config, env: Any, hooks: list[Hook]) -> TrainerBase:
     """The in-process trainer, or with ``backend = "process"`` / ``"ray"`` the learner fed by actor processes
     (madqn.training.distributed)."""
     if config.backend in ("process", "ray"):
-        from madqn.training.distributed import DistributedTrainer
-
         return DistributedTrainer(config, env, hooks=hooks, pool=config.backend)
     return Trainer(config, env, hooks=hooks)
 
@@ -335,8 +248,6 @@ def start_run_dir(trainer: TrainerBase, plan: RunPlan, checkpoints: CheckpointHo
 def start_line(trainer: Trainer, run_dir: Path, precision_why: str) -> str:
     """The run's first line: what trains where, on which device with how many torch threads (and why),
     and the learner's arithmetic (with what ``precision = "auto"`` chose and why)."""
-    import torch
-
     c = trainer.config
     threads = getattr(trainer, "torch_threads", torch.get_num_threads())
     why = getattr(trainer, "threads_reason", "num_threads" if c.num_threads else "torch's default")
@@ -344,14 +255,6 @@ def start_line(trainer: Trainer, run_dir: Path, precision_why: str) -> str:
             f"device {trainer.device}, torch threads {threads} ({why}), precision {c.precision} ({precision_why})")
 
 
-class _NoSignals:
-    received = None
-
-    def __enter__(self) -> "_NoSignals":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
 
 
 def _next_steps(checkpoints: CheckpointHook, run_dir: Path, error: MadqnError) -> str:
@@ -403,10 +306,6 @@ def final_evaluation(trainer: Trainer, env: Any, run_dir: Path, wall_time: float
     within ``eval_steps`` agent steps and ``final_eval_budget`` seconds; the episode a budget cuts
     short is dropped), in every seat, on a fresh env (or the given env instance), with a progress
     line per episode, written to ``final_eval.csv``. Seeds differ from the training envs'."""
-    from madqn.evaluation.agents import Agents
-    from madqn.training.metrics import CsvWriter
-    from madqn.training.progress import EvalProgress
-
     cfg = trainer.config
     if cfg.final_eval_episodes == 0:
         return None

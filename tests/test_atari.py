@@ -498,3 +498,23 @@ def test_unknown_single_player_name_is_one_clear_error():
         make_atari_env("PongNoFrameskip-v4")  # a Gymnasium id needs gym: (or the ALE/ form)
     assert is_atari_spec("ALE/Pong-v5") and is_atari_spec("gym:Pong-v4") and is_atari_spec("pong_v3")
     assert not is_atari_spec("envs/catch.py:make_env")
+
+
+def test_emulate_is_step_without_the_screen_work():
+    """``AtariEnv.emulate`` (madqn bench's limit for the env row) runs the emulator exactly as ``step`` does: the
+    same joint action for ``action_repeat`` frames, the same ALE state afterwards; it leaves the episode alone."""
+    stepped, emulated = (AtariEnv("pong_v3", noop_max=0, seed=5) for _ in range(2))
+    for env in (stepped, emulated):
+        env.reset()
+    start = emulated.ale.getEpisodeFrameNumber()
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        joint = rng.integers(6, size=2)
+        stepped.step(dict(zip(stepped.possible_agents, map(int, joint))))
+        emulated.emulate(joint)
+        assert emulated.ale.getEpisodeFrameNumber() == stepped.ale.getEpisodeFrameNumber()
+        assert np.array_equal(emulated.ale.getRAM(), stepped.ale.getRAM())
+    assert emulated.ale.getEpisodeFrameNumber() == start + 30 * 4
+    assert emulated.agents == emulated.possible_agents
+    for env in (stepped, emulated):
+        env.close()

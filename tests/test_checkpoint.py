@@ -1,6 +1,8 @@
 """Checkpoint pieces: emulator state capture, compatibility checks, metrics trimming, envs without state capture."""
 
+import copy
 import csv
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,10 +11,15 @@ from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
 import madqn
-from madqn.envs.atari import AtariEnv
-from madqn.training.checkpoint import REPLAY_KIND, restore_trainer, safe_load, truncate_csv
+from madqn.cli.export import agents_state
 from madqn.config import Config
+from madqn.core.rng import generator_state, set_generator_state
+from madqn.envs.atari import AtariEnv
 from madqn.errors import CheckpointError
+from madqn.evaluation.agents import Agents
+from madqn.training.checkpoint import (ACTING_LAYOUT, REPLAY_KIND, acting_state, atomic_save, online_weights,
+                                       restore_replay, restore_trainer, safe_load, trainer_state, truncate_csv)
+from madqn.training.distributed import DistributedTrainer
 from madqn.training.trainer import Trainer
 
 
@@ -174,3 +181,116 @@ def test_checkpoint_with_one_statistics_row_per_update_still_loads(tmp_path):
             assert g.update_stats.means() == {"abs_delta": 0.375, "q_mean": 2.0, "q2_max": 0.5}
     finally:
         trainer.close()
+
+
+# ---- one owner per concept: generators, a group's online weights, each backend's layout -----------------
+
+OLD = Path(__file__).resolve().parent / "data" / "checkpoints_2fd8111"  # written by madqn at 2fd8111 (make.py)
+
+
+def draws(rng, n=5):
+    return rng.integers(0, 2**62, size=n).tolist()
+
+
+def test_generator_state_travels_through_a_checkpoint_file(tmp_path):
+    """Six int64 words, through torch.save and the weights-only loader; the generator goes on with the same
+    draws. A generator saved before the words (a bit_generator.state dict) restores too; anything else is refused."""
+    rng = np.random.default_rng(7)
+    rng.random(size=3)
+    rng.integers(0, 10, dtype=np.int32)  # leaves half of a 64-bit draw buffered (has_uint32 = 1): it must travel too
+    words = generator_state(rng)
+    assert words.dtype == np.int64 and words.shape == (6,) and words[4] == 1
+    atomic_save({"format_version": 2, "kind": REPLAY_KIND, "step": 0, "groups": {"g": {"rng": torch.from_numpy(words)}}},
+                tmp_path / "f.pt")
+    loaded = safe_load(tmp_path / "f.pt", kind=REPLAY_KIND)["groups"]["g"]["rng"]
+    expected = draws(copy.deepcopy(rng))
+    for saved in (loaded, words, copy.deepcopy(rng).bit_generator.state):
+        fresh = np.random.default_rng(0)
+        set_generator_state(fresh, saved)
+        assert draws(fresh) == expected
+    with pytest.raises(ValueError, match="6 words"):
+        set_generator_state(np.random.default_rng(0), words[:4])
+    with pytest.raises(ValueError, match="PCG64"):
+        generator_state(np.random.Generator(np.random.MT19937(0)))
+
+
+def old_checkpoint(name):
+    state = safe_load(OLD / f"{name}.pt")
+    return state, Config(**state["config"])
+
+
+def test_a_local_checkpoint_from_before_the_generator_words_resumes(tmp_path):
+    """local.pt / local_replay.pt (madqn 2fd8111, in-process backend, independent learners): the learner set's and
+    the acting loop's generators were bit_generator.state dicts. They restore into today's trainer exactly, with
+    the replay memory, and the run trains on."""
+    state, config = old_checkpoint("local")
+    assert isinstance(state["rng"]["numpy"], dict) and isinstance(state["groups"]["left"]["replay_rng"], dict)
+    trainer = Trainer(config)
+    try:
+        assert restore_trainer(trainer, state, OLD / "local.pt") is False  # tiny_catch has no get_state: new episodes
+        restore_replay(trainer, safe_load(OLD / "local_replay.pt", kind=REPLAY_KIND), OLD / "local_replay.pt")
+        assert trainer.step == 120 and trainer.acting.rng.bit_generator.state == state["rng"]["numpy"]
+        for g in trainer.groups:
+            assert g.replay.rng.bit_generator.state == state["groups"][g.name]["replay_rng"]
+            assert g.updates == state["groups"][g.name]["updates"] > 0 and g.replay.can_sample()
+        updates = [g.updates for g in trainer.groups]
+        for _ in range(20):
+            trainer.env_step()
+        assert all(g.updates > u for g, u in zip(trainer.groups, updates))
+        now = trainer_state(trainer)
+        assert set(now) >= set(ACTING_LAYOUT["local"]) and now["rng"]["numpy"].dtype == torch.int64
+    finally:
+        trainer.close()
+
+
+def test_ray_checkpoints_hold_what_the_ray_learner_has_and_old_ones_with_empty_acting_lists_load(tmp_path):
+    """A Ray run's learner has no env copies or slots: its checkpoint holds the generator and the held replay
+    entries only, and the layout check asks a Ray checkpoint for those. ray.pt (madqn 2fd8111) still carries the
+    empty acting lists it wrote to pass the old check: it loads, and its generators restore."""
+    state, config = old_checkpoint("ray")
+    assert state["envs"] == state["slots"] == [] and state["held"]
+    trainer = DistributedTrainer(config, pool="inline")
+    try:
+        assert restore_trainer(trainer, state, OLD / "ray.pt") is False  # actors start fresh episodes
+        assert trainer.acting.rng.bit_generator.state == state["rng"]["numpy"]
+        for g in trainer.groups:
+            assert g.replay.rng.bit_generator.state == state["groups"][g.name]["replay_rng"]
+        trainer.acting.close_interrupted_episodes(acting_state(state))
+        assert {(g.name, int(g.replay.written.sum())) for g in trainer.groups} == {("left", 1), ("right", 1)}
+        atomic_save(trainer_state(trainer), tmp_path / "ray.pt")
+    finally:
+        trainer.close()
+    now = safe_load(tmp_path / "ray.pt")
+    assert not set(now) & set(ACTING_LAYOUT["local"]) and isinstance(now["held"], list)
+    for drop, complete in (("held", now), ("slots", old_checkpoint("local")[0])):
+        broken = dict(complete)
+        del broken[drop]
+        atomic_save(broken, tmp_path / "broken.pt")
+        with pytest.raises(CheckpointError, match=f"entry '{drop}' is missing or malformed"):
+            safe_load(tmp_path / "broken.pt")
+
+
+def test_the_online_weights_of_a_group_are_read_alike_from_a_checkpoint_and_an_export(tmp_path):
+    """``online_weights``: the learner's online network in a trainer checkpoint, the exported one in a
+    madqn-agents file; madqn export writes them and load_agents plays them (not the target network's)."""
+    state, config = old_checkpoint("local")
+    trainer = Trainer(config)
+    try:
+        restore_trainer(trainer, state, OLD / "local.pt")
+        for g in trainer.groups:  # online and target networks differ
+            with torch.no_grad():
+                for p in g.learner.online_network.parameters():
+                    p.add_(1.0)
+        checkpoint = trainer_state(trainer)
+    finally:
+        trainer.close()
+    exported = agents_state(checkpoint)
+    agents = {source: Agents.from_state(s) for source, s in (("checkpoint", checkpoint), ("export", exported))}
+    for name, group in checkpoint["groups"].items():
+        online, target = online_weights(group), group["learner"]["target"]
+        assert any(not torch.equal(online[k], target[k]) for k in online)
+        assert online.keys() == online_weights(exported["groups"][name]).keys()
+        assert all(torch.equal(online[k], online_weights(exported["groups"][name])[k]) for k in online)
+        for a in group["agents"]:
+            for played in agents.values():
+                assert all(torch.equal(online[k], v) for k, v in played.networks[a].state_dict().items())

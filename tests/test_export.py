@@ -67,7 +67,7 @@ def test_export_cli_then_eval_and_video_load_the_file(runs, tmp_path, capsys):
     assert main(["export", str(runs["shared"]), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"wrote {out}: 6.8 MB" in printed and "step 120" in printed
-    from madqn.cli.commands import madqn_command  # the follow-up commands run as printed, also off PATH
+    from madqn.commands import madqn_command  # the follow-up commands run as printed, also off PATH
 
     assert f"play it: {madqn_command('eval', out, '--opponent', 'random')}; {madqn_command('video', out)}" in printed
     assert main(["eval", str(out), "--opponent", "random", "--episodes", "2"]) == 0

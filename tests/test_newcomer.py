@@ -16,7 +16,7 @@ import pytest
 
 import madqn
 from madqn.api import final_eval_budget
-from madqn.cli.commands import madqn_program, tensorboard_command
+from madqn.commands import madqn_program, tensorboard_command
 from madqn.config import Config
 from madqn.training.progress import EvalProgress, WindowRate, eval_eta
 from madqn.training.trainer import resolve_threads

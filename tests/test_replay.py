@@ -401,3 +401,31 @@ def test_stream_capacity_splits_an_agents_budget():
 
     assert [stream_capacity(1_000_000, n) for n in (1, 8, 16)] == [1_000_000, 125_000, 62_500]
     assert stream_capacity(1_000, 3) == 333  # the remainder (1 entry) is not allocated
+
+
+def test_entries_give_a_streams_stored_entries_oldest_first_and_rebuild_it_elsewhere():
+    """After the wrap-around only the newest ``capacity`` entries are stored: ``entries`` yields those, oldest
+    first, with masks; adding them to another memory (here a prioritized one) gives the same entries."""
+    mem = ReplayMemory(10, (2, 2), 2, n_streams=2, n_actions=3, store_action_masks=True, seed=0)
+    rng = np.random.default_rng(1)
+    for n in range(25):
+        end = n % 7 == 6
+        mem.add(1, np.full((2, 2), n, np.uint8), n % 3, float(n), end and n % 2 == 0, end,
+                action_mask=rng.random(3) < 0.7)
+    mem.add(0, np.zeros((2, 2), np.uint8), 0, 0.0, False, False)
+    entries = list(mem.entries(1))
+    assert [int(e[0][0, 0]) for e in entries] == list(range(15, 25))
+    frame, action, reward, terminal, episode_end, mask = entries[-2]  # entry 23
+    assert (action, reward, terminal, episode_end) == (23 % 3, 23.0, False, False) and mask.dtype == bool
+    assert entries[5][3:5] == (True, True) and entries[5][0][0, 0] == 20  # 20: a terminal episode end
+    assert len(list(mem.entries(0))) == 1
+    other = ReplayMemory(10, (2, 2), 2, n_streams=2, n_actions=3, store_action_masks=True, prioritized=True)
+    for stream in range(2):
+        for entry in mem.entries(stream):
+            other.add(stream, *entry)
+    for stream in range(2):
+        for a, b in zip(mem.entries(stream), other.entries(stream), strict=True):
+            assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    # one transition more in the copy: the oldest entry's history starts fresh there (zero padding) while the
+    # wrapped memory cannot know whether the overwritten entry before it ended an episode
+    assert other.num_valid() == mem.num_valid() + 1 and mem.num_valid() > 0

@@ -154,3 +154,20 @@ def test_replay_split_too_small_to_sample_is_refused():
     with pytest.raises(madqn.MadqnError, match=r"replay_memory = 100 split over 4 env copies leaves 25 entries per "
                                                r"copy; each needs at least hist_len \+ minibatch_size \(36\)"):
         Trainer(cfg)
+
+
+def test_learn_updates_only_the_groups_it_is_given():
+    """``LearnerSet.learn(step, groups=...)``: one learner's update alone (madqn bench times one learner)."""
+    cfg = make_config(None, {"env": str(ROOT / "tests" / "tiny_catch.py") + ":make", "vector_env": "inline",
+                             "replay_memory": 600, "hist_len": 2, "mlp_hidden": [8], "device": "cpu",
+                             "sharing": "independent", "learn_start": 10**6})
+    with Trainer(cfg) as trainer:
+        while not all(g.replay.can_sample() for g in trainer.groups):
+            trainer.env_step()
+        first, second = trainer.groups
+        before = [p.detach().clone() for p in second.learner.online_network.parameters()]
+        trainer.learners.learn(trainer.step, groups=[first])
+        assert (first.updates, second.updates) == (1, 0)
+        assert all(torch.equal(p, b) for p, b in zip(second.learner.online_network.parameters(), before))
+        trainer.learners.learn(trainer.step)
+        assert (first.updates, second.updates) == (2, 1)

@@ -9,8 +9,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from madqn.cli import command
-from madqn.errors import MadqnError
+from madqn.cli.registry import command
+from madqn.config import make_config, parse_overrides
+from madqn.envs.adapters import make_env
+from madqn.errors import CheckpointError, MadqnError
+from madqn.evaluation import RandomPolicy
+from madqn.evaluation.agents import Agents, load_agents, load_for_play
+from madqn.evaluation.compare import CompareSettings, compare
+from madqn.evaluation.protocol import (CROSS, Player, RANDOM, RANDOM_VS_RANDOM, ROW_FIELDS, SELF, VS_RANDOM, cross_play,
+                                       cross_settings, length_summary, record, score_summary, self_play, vs_random)
+from madqn.evaluation.report import _write_csv, fmt
+from madqn.evaluation.video import check_video_path, record_episodes
+from madqn.training.checkpoint import atomic_write_text
+from madqn.training.progress import EvalProgress
+from madqn.training.trainer import resolve_device
 
 
 @command
@@ -57,8 +69,6 @@ def player_name(path: Path) -> str:
 
 def checkpoint_file(path: str | Path, which: str = "latest") -> Path:
     """A run directory's ``checkpoints/<which>.pt``, or the checkpoint file itself."""
-    from madqn.errors import CheckpointError
-
     path = Path(path)
     if path.is_dir():
         file = path / "checkpoints" / f"{which}.pt"
@@ -72,13 +82,6 @@ def checkpoint_file(path: str | Path, which: str = "latest") -> Path:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from madqn.evaluation.agents import Agents, load_agents, load_for_play
-    from madqn.envs.adapters import make_env
-    from madqn.training.progress import EvalProgress
-    from madqn.evaluation.protocol import Player, cross_play, cross_settings, self_play, vs_random
-    from madqn.training.trainer import resolve_device
-    from madqn.evaluation.video import check_video_path
-
     if args.episodes < 1:
         raise MadqnError(f"--episodes must be >= 1, got {args.episodes}")
     if args.video:
@@ -146,10 +149,6 @@ def _default_out(file: Path, kind: str, args: argparse.Namespace) -> Path:
 
 
 def _write(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    from madqn.training.checkpoint import atomic_write_text
-    from madqn.evaluation.report import _write_csv
-    from madqn.evaluation.protocol import ROW_FIELDS
-
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         _write_csv(out, ROW_FIELDS, rows)
@@ -160,9 +159,6 @@ def _write(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> No
 
 def summarize_eval(rows: list[dict[str, Any]], kind: str, a: str, b: str | None, agents: list[str]) -> dict[str, Any]:
     """The numbers ``madqn eval`` prints, from the rows: one entry per (player, seat) and per player."""
-    from madqn.evaluation.protocol import (CROSS, RANDOM, RANDOM_VS_RANDOM, SELF, VS_RANDOM, length_summary, record,
-                                           score_summary)
-
     def entry(player: str, **where: Any) -> dict[str, Any]:
         rec = record(rows, player, **where)
         players_rows = [r for r in rows if all(str(r[k]) == str(v) for k, v in where.items()) and r["player"] == player]
@@ -186,8 +182,6 @@ def summarize_eval(rows: list[dict[str, Any]], kind: str, a: str, b: str | None,
 
 
 def format_eval(summary: dict[str, Any]) -> str:
-    from madqn.evaluation.report import fmt
-
     header = ["seat", "player", "episodes", "score (95% CI)", "std", "length"]
     if summary["two_sided"]:
         header.append("win / draw / loss")
@@ -215,9 +209,6 @@ def format_eval(summary: dict[str, Any]) -> str:
 def _record(args: argparse.Namespace, env: Any, rows: list[dict[str, Any]], players: dict[str, Any],
             epsilon: float, video_length: int) -> None:
     """Video of the first seat assignment that was evaluated, each episode cut at ``video_length`` agent steps."""
-    from madqn.evaluation import RandomPolicy
-    from madqn.evaluation.video import check_video_path, record_episodes
-
     path = check_video_path(args.video)
     first = str(rows[0]["setting"]) if rows else ""
     seats = dict(part.split("=", 1) for part in first.split(" ")) if first else {}
@@ -275,10 +266,6 @@ def _compare(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from madqn.evaluation.compare import CompareSettings, compare
-    from madqn.config import make_config, parse_overrides
-    from madqn.training.trainer import resolve_device
-
     overrides = parse_overrides(args.overrides)
     for key in ("env", "steps", "seed", "device"):
         if getattr(args, key) is not None:
@@ -302,8 +289,6 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def _summary_lines(results: dict[str, Any]) -> str:
-    from madqn.evaluation.report import fmt
-
     seats = results["seats"]
     lines = [f"{results['env']}, {results['steps']:,} agent steps, seeds {results['seeds']}: score vs random "
              "(mean ± 95% CI over seeds)"]

@@ -18,8 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from madqn.cli import command
-from madqn.errors import MadqnError
+from madqn.cli.evaluate import add_checkpoint_option, checkpoint_file
+from madqn.cli.registry import command
+from madqn.commands import madqn_command
+from madqn.errors import CheckpointError, MadqnError
+from madqn.evaluation.agents import Agents
+from madqn.training.checkpoint import AGENTS_KIND, FORMAT_VERSION, PLAY_KINDS, atomic_save, online_weights, safe_load
 
 __all__ = ["ExportResult", "agents_state", "export_agents"]
 
@@ -41,13 +45,10 @@ def agents_state(state: dict[str, Any]) -> dict[str, Any]:
     Weights are cloned so that each tensor owns a compact storage (a checkpoint's tensors may be
     views of larger storages, which ``torch.save`` would write whole).
     """
-    from madqn.training.checkpoint import AGENTS_KIND, FORMAT_VERSION
-
     groups = {}
     for name, group in state["groups"].items():
-        online = group["online"] if "online" in group else group["learner"]["online"]
         groups[name] = {"agents": list(group["agents"]), "n_actions": int(group["n_actions"]),
-                        "online": {k: v.detach().to("cpu").clone() for k, v in online.items()}}
+                        "online": {k: v.detach().to("cpu").clone() for k, v in online_weights(group).items()}}
     return {
         "format_version": FORMAT_VERSION,
         "kind": AGENTS_KIND,
@@ -63,11 +64,6 @@ def agents_state(state: dict[str, Any]) -> dict[str, Any]:
 def export_agents(source: str | Path, out: str | Path, checkpoint: str = "latest") -> ExportResult:
     """Write ``source``'s agents (a run directory's ``checkpoints/<checkpoint>.pt``, or a checkpoint or
     export file) to ``out`` as a ``madqn-agents`` file; raises ``MadqnError`` with one line on bad input."""
-    from madqn.evaluation.agents import Agents
-    from madqn.training.checkpoint import PLAY_KINDS, atomic_save, safe_load
-    from madqn.cli.evaluate import checkpoint_file
-    from madqn.errors import CheckpointError
-
     file = checkpoint_file(source, checkpoint)
     state = safe_load(file, kind=PLAY_KINDS)
     if "observation_specs" not in state:
@@ -100,8 +96,6 @@ def _export(sub: argparse._SubParsersAction) -> None:
                     "with 'madqn eval FILE', 'madqn video FILE' and madqn.load_agents(FILE).")
     p.add_argument("run", metavar="RUN_DIR|CHECKPOINT", help="run directory or checkpoint file")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="the file to write (its folder is created)")
-    from madqn.cli.evaluate import add_checkpoint_option
-
     add_checkpoint_option(p)
     p.set_defaults(func=run_export)
 
@@ -111,8 +105,6 @@ def run_export(args: argparse.Namespace) -> int:
     networks = ", ".join(f"{name} ({', '.join(agents)})" for name, agents in result.groups.items())
     print(f"wrote {result.path}: {result.size / 1e6:.1f} MB, {result.parameters:,} fp32 weights, networks {networks}, "
           f"step {result.step:,}, from {result.source}")
-    from madqn.cli.commands import madqn_command
-
     print(f"play it: {madqn_command('eval', result.path, '--opponent', 'random')}; "
           f"{madqn_command('video', result.path)}")
     return 0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from madqn.cli.commands import madqn_command, tensorboard_command
+from madqn.commands import madqn_command, tensorboard_command
 from madqn.config import load_toml
 from madqn.errors import MadqnError
 

@@ -6,8 +6,13 @@ import argparse
 import time
 from pathlib import Path
 
-from madqn.cli import command
+from madqn.cli.registry import command
+from madqn.envs.adapters import make_env
 from madqn.errors import MadqnError
+from madqn.evaluation.agents import Agents, checkpoint_path, load_for_play
+from madqn.evaluation.plot import find_runs, group_variants, load_run, plot_learning_curves
+from madqn.evaluation.video import check_video_path, format_score, record_episodes
+from madqn.training.trainer import resolve_device
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -41,8 +46,6 @@ def _plot(sub: argparse._SubParsersAction) -> None:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    from madqn.evaluation.plot import find_runs, group_variants, load_run, plot_learning_curves
-
     if args.smooth < 1:
         raise MadqnError(f"--smooth must be >= 1, got {args.smooth}")
     runs = [load_run(r, source=args.source) for r in find_runs(args.runs)]
@@ -77,11 +80,6 @@ def _video(sub: argparse._SubParsersAction) -> None:
 
 
 def run_video(args: argparse.Namespace) -> int:
-    from madqn.evaluation.agents import Agents, checkpoint_path, load_for_play
-    from madqn.envs.adapters import make_env
-    from madqn.training.trainer import resolve_device
-    from madqn.evaluation.video import check_video_path, format_score, record_episodes
-
     checkpoint = checkpoint_path(args.run)
     run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
     out = check_video_path(args.out if args.out else run_dir / "videos" / "eval.mp4")

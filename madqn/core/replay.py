@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from madqn.core.prioritized import SumTree, importance_weights, priorities
+from madqn.core.rng import generator_state, set_generator_state
 
 # Candidate rounds before sample() falls back to enumerating the valid indices exactly.
 _MAX_DRAW_ROUNDS = 64
@@ -230,6 +231,19 @@ class ReplayMemory:
         self.written[stream] += 1
 
     # ------------------------------------------------------------------ reading
+
+    def entries(self, stream: int):
+        """The stored entries of ``stream``, oldest first, as ``add``'s arguments after the stream:
+        ``(frame, action, reward, terminal, episode_end, action_mask)`` (mask None when not stored).
+        ``other.add(stream, *entry)`` for each rebuilds the stream in another memory (where the oldest entry
+        starts a fresh history, zero-padded, if this memory had wrapped around)."""
+        written = int(self.written[stream])
+        for n in range(max(0, written - self.capacity), written):
+            pos = n % self.capacity
+            mask = None if self.action_masks is None else self.action_masks[stream, pos].copy()
+            yield (self.frames[stream, pos].copy(), int(self.actions[stream, pos]), float(self.rewards[stream, pos]),
+                   bool(self.terminal[stream, pos]), bool(self.episode_end[stream, pos]), mask)
+
 
     def __len__(self) -> int:
         return int(np.minimum(self.written, self.capacity).sum())
@@ -486,12 +500,7 @@ class ReplayMemory:
         if self.tree is not None:
             d["priority_tree"] = self.tree.nodes
             d["max_priority"] = np.array([self.max_priority], dtype=np.float64)
-        state = self.rng.bit_generator.state
-        if state["bit_generator"] == "PCG64":
-            words = [state["state"]["state"], state["state"]["inc"]]
-            split = [w for x in words for w in (x >> 64, x & (2**64 - 1))]
-            # 64-bit words stored as int64 bit patterns (uint64 travels badly through torch.save)
-            d["rng_pcg64"] = np.array([*split, state["has_uint32"], state["uinteger"]], dtype=np.uint64).view(np.int64)
+        d["rng_pcg64"] = generator_state(self.rng)  # the sampler, as six int64 words (madqn.core.rng)
         return d
 
     def load_state_dict(self, d) -> None:
@@ -521,11 +530,4 @@ class ReplayMemory:
         if self.tree is not None:
             self.max_priority = float(np.asarray(d["max_priority"]).reshape(-1)[0])
         if "rng_pcg64" in d:
-            w = [int(x) for x in np.asarray(d["rng_pcg64"], dtype=np.int64).view(np.uint64)]
-            self.rng = np.random.Generator(np.random.PCG64())
-            self.rng.bit_generator.state = {
-                "bit_generator": "PCG64",
-                "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]},
-                "has_uint32": w[4],
-                "uinteger": w[5],
-            }
+            set_generator_state(self.rng, d["rng_pcg64"])

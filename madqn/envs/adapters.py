@@ -26,6 +26,8 @@ import numpy as np
 from gymnasium import spaces
 
 from madqn.config import Config
+from madqn.envs import atari
+from madqn.envs.atari import FRAME_SHAPE, area_resize_84, luminance
 from madqn.errors import MadqnError
 
 SPEC_FORMS = ("a PettingZoo Atari name (e.g. pong_v3), a single-player Atari id (ALE/Pong-v5, gym:PongNoFrameskip-v4), "
@@ -85,8 +87,6 @@ def make_env(spec: Any, config: Config, seed: int | None = None, *, convert: boo
     ``convert=False`` keeps the env's raw observations (masks still go to ``infos``): what
     :class:`madqn.evaluation.agents.Agents` and :func:`madqn.evaluation.evaluate` consume.
     """
-    from madqn.envs import atari
-
     if isinstance(spec, str) and (":" not in spec or spec.startswith(atari.GYM_PREFIX)):
         if spec.endswith(".py"):
             load_env_factory(spec)  # raises the "missing ':callable'" error
@@ -168,8 +168,6 @@ class ObservationSpec:
         if self.kind == "vector":
             return (self.size if self.layout == "discrete" else int(np.prod(self.raw_shape, dtype=np.int64)),)
         if self.preprocess:
-            from madqn.envs.atari import FRAME_SHAPE
-
             return FRAME_SHAPE
         return self.raw_shape[1:] if self.layout == "CHW" else self.raw_shape[:2]
 
@@ -181,8 +179,6 @@ class ObservationSpec:
 
     def convert(self, raw: Any) -> np.ndarray:
         """One raw observation (the dict's "observation" if ``dict_obs``) as it is stored."""
-        from madqn.envs.atari import area_resize_84, luminance
-
         x = raw["observation"] if self.dict_obs else raw
         if self.kind == "vector":
             if self.layout == "discrete":

@@ -447,6 +447,19 @@ class AtariEnv(ParallelEnv):
         self.agents = [] if time_up else [a for a in acting if not terminations[a]]
         return observations, reward_out, terminations, truncations, infos
 
+    def emulate(self, actions: np.ndarray) -> None:
+        """The bare emulator, what ``step`` is measured against (``madqn bench``): the joint action
+        (``actions``: one env action index per possible agent) for ``action_repeat`` frames through the
+        same C calls as ``step``, without reading or preprocessing a screen, rewards or lives; a game
+        that ends starts again at once. The episode bookkeeping (``agents``, step count) is not updated:
+        it is for timing, not for playing."""
+        emulator = self._emulator
+        emulator.joint_action[:] = self._action_mapping[np.asarray(actions)]
+        for _ in range(self.action_repeat):
+            emulator.act()
+            if emulator.game_over():
+                emulator.reset()
+
     def get_state(self) -> dict[str, Any]:
         """Everything needed to continue this env exactly, as numpy arrays and plain values.
 

@@ -19,6 +19,7 @@ import traceback
 from typing import Any
 
 from madqn.config import Config
+from madqn.envs.adapters import make_env
 from madqn.errors import MadqnError
 
 # seconds between liveness checks while waiting for a worker's answer
@@ -55,8 +56,6 @@ def use_processes(spec: Any, config: Config) -> bool:
 
 def make_envs(spec: Any, config: Config) -> list[Any]:
     """The ``num_envs`` env copies of a run, copy ``i`` seeded ``config.seed + 1000 * i``."""
-    from madqn.envs.adapters import make_env
-
     seeds = [config.seed + 1000 * i for i in range(config.num_envs)]
     if not use_processes(spec, config):
         return [make_env(spec, config, seed=s) for s in seeds]
@@ -79,8 +78,6 @@ def _worker(conn: Any, spec: str, config_dict: dict[str, Any], seed: int) -> Non
         import cv2
 
         cv2.setNumThreads(1)  # one core per worker; cv2's own pool would only add contention
-        from madqn.envs.adapters import make_env
-
         env = make_env(spec, Config(**config_dict), seed=seed)
         agents = list(env.possible_agents)
         conn.send(("ok", (agents, {a: env.observation_space(a) for a in agents},

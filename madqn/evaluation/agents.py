@@ -16,11 +16,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from madqn.config import Config, FIELD_NAMES, make_config
 from madqn.core.actor import RecentHistory, epsilon_greedy
-from madqn.config import FIELD_NAMES, Config
 from madqn.envs.adapters import ObservationSpec, action_starts, make_env, observation_specs
-from madqn.errors import CheckpointError, MadqnError
+from madqn.errors import CheckpointError, ConfigError, MadqnError
+from madqn.training.checkpoint import PLAY_KINDS, online_weights, safe_load
 from madqn.training.learners import q_network_for
+from madqn.training.trainer import resolve_threads
 
 
 class Agents:
@@ -82,7 +84,7 @@ class Agents:
             members = list(group["agents"])
             network = q_network_for(config, specs[members[0]].shape, int(group["n_actions"]), len(agents))
             try:
-                network.load_state_dict(group["online"] if "online" in group else group["learner"]["online"])
+                network.load_state_dict(online_weights(group))
             except (RuntimeError, KeyError) as e:
                 raise CheckpointError(f"{source}: network of {name} does not match its config "
                                       f"({str(e).splitlines()[0]})") from None
@@ -167,10 +169,6 @@ def checkpoint_path(path: str | Path) -> Path:
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], Config]:
     """A checkpoint or export (run directory or file) loaded with ``weights_only``, and its resolved config."""
-    from madqn.training.checkpoint import PLAY_KINDS, safe_load
-    from madqn.config import make_config
-    from madqn.errors import ConfigError
-
     file = checkpoint_path(path)
     state = safe_load(file, kind=PLAY_KINDS)
     try:
@@ -183,9 +181,6 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], Config]:
 def load_for_play(path: str | Path, eps: float | None = None) -> tuple[dict[str, Any], Config, float]:
     """``load_checkpoint`` plus what playing needs: torch threads as the run chose them, and the epsilon
     to act with (the run's ``eval_ep`` unless ``eps`` is given), checked to lie in [0, 1]."""
-    from madqn.errors import MadqnError
-    from madqn.training.trainer import resolve_threads
-
     state, config = load_checkpoint(path)
     torch.set_num_threads(resolve_threads(config.num_threads)[0])
     epsilon = config.eval_ep if eps is None else eps
@@ -200,7 +195,5 @@ def load_agents(path: str | Path, *, env: Any = None, device: str = "cpu", seed:
     ``env`` (a spec, factory or PettingZoo env) is only needed for checkpoints that predate the
     stored observation specs; ``seed`` seeds the epsilon-greedy draws.
     """
-    from madqn.training.checkpoint import PLAY_KINDS, safe_load
-
     file = checkpoint_path(path)
     return Agents.from_state(safe_load(file, kind=PLAY_KINDS), env=env, device=device, seed=seed, source=str(file))

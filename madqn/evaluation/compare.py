@@ -23,6 +23,7 @@ counts. Ratings: ``madqn.evaluation.rating.fit_ratings`` over every two-sided ga
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -35,9 +36,23 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+import torch
 
+from madqn.api import RESUME_SAFE_KEYS
 from madqn.config import Config
+from madqn.envs.adapters import make_env
 from madqn.errors import CheckpointError, MadqnError
+from madqn.evaluation.agents import load_agents
+from madqn.evaluation.protocol import (CROSS, Player, RANDOM, RANDOM_VS_RANDOM, VS_RANDOM, cross_play, cross_settings,
+                                       episode_scores, games, length_summary, random_baseline, record, score_summary,
+                                       select, vs_random)
+from madqn.evaluation.rating import fit_ratings
+from madqn.evaluation.report import write_report
+from madqn.evaluation.stats import Record, mean_confidence_interval
+from madqn.training.checkpoint import atomic_write_text, load_run_checkpoint, safe_load
+from madqn.training.learners import check_shared_spaces
+from madqn.training.progress import EvalProgress
+from madqn.training.trainer import resolve_threads
 
 VARIANTS = ("shared", "independent")
 FINAL, BEST = "final", "best"
@@ -96,9 +111,6 @@ def plan_runs(settings: CompareSettings) -> list[RunPlan]:
     Refuses a finished or unfinished run whose saved config differs from the requested one in a
     key a resume could not change, and a run already longer than ``steps``.
     """
-    from madqn.api import RESUME_SAFE_KEYS
-    from madqn.training.checkpoint import load_run_checkpoint
-
     plans = []
     for variant in VARIANTS:
         for seed in settings.seeds:
@@ -223,8 +235,6 @@ def train_runs(settings: CompareSettings, plans: list[RunPlan], out: TextIO = sy
 
 def collect_players(settings: CompareSettings, plans: list[RunPlan]) -> list[PlayerSpec]:
     """Each run's final network and (``include_best``) its best one when it differs from the final."""
-    from madqn.training.checkpoint import safe_load
-
     players = []
     for plan in plans:
         latest = plan.run_dir / "checkpoints" / "latest.pt"
@@ -277,15 +287,6 @@ def _cache_path(settings: CompareSettings, key: dict[str, Any]) -> Path:
 
 def evaluate_players(settings: CompareSettings, players: list[PlayerSpec], out: TextIO = sys.stdout) -> list[dict]:
     """Play (or read from the cache) every match of ``match_jobs``; returns all raw rows."""
-    from madqn.evaluation.agents import load_agents
-    from madqn.training.checkpoint import atomic_write_text
-    from madqn.envs.adapters import make_env
-    import torch
-
-    from madqn.training.progress import EvalProgress
-    from madqn.evaluation.protocol import Player, cross_play, cross_settings, random_baseline, vs_random
-    from madqn.training.trainer import resolve_threads
-
     c = settings.config
     torch.set_num_threads(resolve_threads(c.num_threads)[0])
     env = make_env(c.env, c.replace(terminal_on_life_loss=False), seed=settings.eval_seed, convert=False)
@@ -337,8 +338,6 @@ def evaluate_players(settings: CompareSettings, players: list[PlayerSpec], out: 
 # ---- 3. results ----------------------------------------------------------------------------------
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
-    import csv
-
     if not path.is_file():
         return []
     with open(path, newline="") as f:
@@ -347,8 +346,6 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 def run_facts(plan: RunPlan) -> dict[str, Any]:
     """Budget and cost of one run from its checkpoint and metrics files."""
-    from madqn.training.checkpoint import safe_load
-
     state = safe_load(plan.run_dir / "checkpoints" / "latest.pt", mmap=True)
     updates = {name: int(g["updates"]) for name, g in state["groups"].items()}
     batch = int(state["config"]["minibatch_size"])
@@ -376,11 +373,6 @@ def pair_rows(rows: list[dict], a: str, b: str) -> list[dict]:
 def build_results(settings: CompareSettings, plans: list[RunPlan], players: list[PlayerSpec],
                   rows: list[dict]) -> dict[str, Any]:
     """Every number of the report, from the rows and the runs' files (see the module docstring)."""
-    from madqn.evaluation.protocol import (CROSS, RANDOM, RANDOM_VS_RANDOM, VS_RANDOM, episode_scores, games,
-                                           length_summary, record, score_summary, select)
-    from madqn.evaluation.rating import fit_ratings
-    from madqn.evaluation.stats import Record, mean_confidence_interval
-
     conf = settings.confidence
     seats = list(dict.fromkeys(r["seat"] for r in rows))
     two_sided = len(seats) > 1
@@ -481,12 +473,6 @@ class CompareResult:
 
 def compare(settings: CompareSettings, out: TextIO = sys.stdout) -> CompareResult:
     """Train (or resume) every run, evaluate every player, write the report directory."""
-    from madqn.training.checkpoint import atomic_write_text
-    from madqn.evaluation.report import write_report
-
-    from madqn.envs.adapters import make_env
-    from madqn.training.learners import check_shared_spaces
-
     c = settings.config
     env = make_env(c.env, c, seed=c.seed)  # a bad env spec, or one a shared network cannot play: one line, now
     try:

@@ -37,10 +37,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from madqn.training.checkpoint import atomic_save, safe_load, trainer_state, truncate_csv
-from madqn.errors import CheckpointError
 from madqn.core.learner import Learner, q_targets
+from madqn.envs.adapters import is_pettingzoo_env, make_env
+from madqn.errors import CheckpointError
+from madqn.evaluation.agents import Agents
+from madqn.evaluation.protocol import (Player, ROW_FIELDS, SELF, VS_RANDOM, length_summary, score_summary, self_play,
+                                       vs_random)
+from madqn.training.checkpoint import atomic_save, safe_load, trainer_state, truncate_csv
+from madqn.training.guard import find_non_finite
 from madqn.training.metrics import CsvWriter
+from madqn.training.progress import EvalProgress
 from madqn.training.trainer import Hook, Trainer
 
 BEST = "best.pt"
@@ -150,8 +156,6 @@ class EvalHook(Hook):
         c = trainer.config
         if c.eval_freq == 0:
             return
-        from madqn.envs.adapters import is_pettingzoo_env, make_env
-
         if is_pettingzoo_env(trainer.env_spec):
             self._print("madqn: eval_freq is ignored: periodic evaluation needs the env as a spec string or a "
                         "factory (a function returning the env), not an env instance")
@@ -160,8 +164,6 @@ class EvalHook(Hook):
                             seed=c.seed + EVAL_SEED_OFFSET, convert=False)
         for name, key in (("eval.csv", "step"), ("eval_episodes.csv", "step"), ("valid.csv", "step")):
             truncate_csv(self.run_dir / name, key, trainer.step)
-        from madqn.evaluation.protocol import ROW_FIELDS
-
         self.writers = {"eval": CsvWriter(self.run_dir / "eval.csv", EVAL_FIELDS),
                         "episodes": CsvWriter(self.run_dir / "eval_episodes.csv", ["step", *ROW_FIELDS]),
                         "valid": CsvWriter(self.run_dir / "valid.csv", VALID_FIELDS)}
@@ -200,11 +202,6 @@ class EvalHook(Hook):
     # ---- one evaluation -----------------------------------------------------------------------
     def evaluate(self, trainer: Trainer) -> float:
         """Evaluate now; returns the score (NaN when a seat completed no episode within the budget)."""
-        from madqn.evaluation.agents import Agents
-        from madqn.training.progress import EvalProgress
-        from madqn.evaluation.protocol import (SELF, VS_RANDOM, Player, length_summary, score_summary, self_play,
-                                               vs_random)
-
         c = trainer.config
         seed = c.seed + EVAL_SEED_OFFSET
         seats = list(trainer.agents)
@@ -273,8 +270,6 @@ class EvalHook(Hook):
         return score
 
     def _save_best(self, trainer: Trainer, score: float) -> bool:
-        from madqn.training.guard import find_non_finite
-
         if find_non_finite(trainer) is not None:  # the guard stops the run; never keep such weights
             return False
         state = trainer_state(trainer)

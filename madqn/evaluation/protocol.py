@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from madqn.evaluation import evaluate
 from madqn.evaluation.stats import Record, Summary, mean_confidence_interval, side_outcome, tally
 
 RANDOM = "random"
@@ -60,8 +61,6 @@ def play(env: Any, seats: Mapping[str, Player], *, match: str, episodes: int, ep
     ``sides``: the seat groups whose outcomes are scored together (default: the seats of each player).
     ``on_episode``: called after every completed episode (``madqn.training.progress.EvalProgress``).
     """
-    from madqn.evaluation import evaluate
-
     agents = list(env.possible_agents)
     if set(seats) != set(agents):
         raise ValueError(f"seats {sorted(seats)} must be exactly the env's agents {agents}")

@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from madqn.config import _toml_value
+from madqn.evaluation.plot import load_run, plot_learning_curves
+from madqn.evaluation.protocol import ROW_FIELDS
 from madqn.training.checkpoint import atomic_write_text
 
 
@@ -64,8 +67,6 @@ def _write_csv(path: Path, fields: list[str], rows: list[dict[str, Any]]) -> Non
 
 def write_report(out: Path, results: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Path]:
     """Write every artefact into ``out``; returns name -> path."""
-    from madqn.evaluation.protocol import ROW_FIELDS
-
     out = Path(out)
     files = {"episodes": out / "episodes.csv", "results": out / "results.json", "runs": out / "runs.csv",
              "ratings": out / "ratings.csv", "curves": out / "curves.csv", "report": out / "report.md"}
@@ -127,8 +128,6 @@ def _curve_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _plots(out: Path, results: dict[str, Any], have_eval: bool) -> dict[str, Path]:
-    from madqn.evaluation.plot import load_run, plot_learning_curves
-
     files = {}
     run_dirs = [Path(r["run_dir"]) for r in results["runs"]]
     title = f"{results['env']}: shared vs independent, {len(results['seeds'])} seeds"
@@ -318,8 +317,6 @@ def _is_cli() -> bool:
 
 
 def _config_lines(config: dict[str, Any]) -> list[str]:
-    from madqn.config import _toml_value
-
     return [f"{k} = {_toml_value(v)}" for k, v in config.items() if k not in ("sharing", "seed")]
 
 

@@ -19,7 +19,9 @@ from typing import Any, Callable, Mapping, Sequence
 import cv2
 import numpy as np
 
+from madqn.envs.adapters import make_env
 from madqn.errors import MadqnError
+from madqn.evaluation.agents import Agents
 from madqn.training.trainer import Hook, Trainer
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
@@ -292,8 +294,6 @@ class VideoHook(Hook):
             return
         from pettingzoo import AECEnv, ParallelEnv
 
-        from madqn.envs.adapters import make_env
-
         if isinstance(trainer.env_spec, (ParallelEnv, AECEnv)):
             raise MadqnError("video_freq needs the env as a spec string or a factory (a function returning the env), "
                              "not an env instance: recording must not step the training env")
@@ -307,8 +307,6 @@ class VideoHook(Hook):
             self.next_video = (trainer.step // trainer.config.video_freq + 1) * trainer.config.video_freq
 
     def record(self, trainer: Trainer) -> Recording:
-        from madqn.evaluation.agents import Agents
-
         c = trainer.config
         agents = Agents.from_trainer(trainer, seed=c.seed + trainer.step)
         path = self.dir / f"step_{trainer.step:09d}{self.suffix}"

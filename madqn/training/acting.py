@@ -20,7 +20,7 @@ per round of turns (:func:`starts_round`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ from madqn.config import Config
 from madqn.errors import ConfigError
 from madqn.training.learners import group_members
 from madqn.core.policy import ActingNetworks
+from madqn.core.rng import generator_state, set_generator_state
 
 
 @dataclass
@@ -58,7 +59,19 @@ class EpisodeRecord:
     random_seats: tuple[str, ...] = ()  # seats that acted uniformly at random (config.random_opponent)
 
 
-Entry = tuple  # (agent, copy, frame, action, reward, terminal, episode_end, mask)
+class Entry(NamedTuple):
+    """One replay entry as a sink receives it (``Sink.add``'s arguments; madqn.core.replay for what each
+    field means): the frame of ``agent`` in env copy ``copy``, the action taken at it, the reward that
+    followed, whether the frame is terminal and whether it ends its episode, its legal-action mask."""
+
+    agent: str
+    copy: int
+    frame: np.ndarray
+    action: int
+    reward: float
+    terminal: bool
+    episode_end: bool
+    mask: np.ndarray | None = None
 
 
 class Sink(Protocol):
@@ -68,7 +81,7 @@ class Sink(Protocol):
 
 
 class RecordingSink:
-    """Keeps what an acting loop emits: ``entries`` (tuples in ``Entry`` order, frames copied) and ``episodes``."""
+    """Keeps what an acting loop emits: ``entries`` (:class:`Entry`, frames copied) and ``episodes``."""
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
@@ -76,8 +89,8 @@ class RecordingSink:
 
     def add(self, agent: str, copy: int, frame: np.ndarray, action: int, reward: float, terminal: bool,
             episode_end: bool, mask: Any = None) -> None:
-        self.entries.append((agent, int(copy), np.array(frame, copy=True), int(action), float(reward),
-                             bool(terminal), bool(episode_end), None if mask is None else np.asarray(mask, bool)))
+        self.entries.append(Entry(agent, int(copy), np.array(frame, copy=True), int(action), float(reward),
+                                  bool(terminal), bool(episode_end), None if mask is None else np.asarray(mask, bool)))
 
     def episode(self, record: EpisodeRecord) -> None:
         self.episodes.append(record)
@@ -296,7 +309,7 @@ class ActingLoop:
         """The epsilon-greedy generator and what continues the current episodes: per env copy the emulator
         state (None when the env cannot capture it), per slot history, pending transition, score (the
         counters ``step`` and ``episodes`` are the run's, saved with it)."""
-        return {"rng": self.rng.bit_generator.state,
+        return {"rng": generator_state(self.rng),
                 "envs": [env.get_state() if hasattr(env, "get_state") else None for env in self.envs],
                 "slots": [_slot_state(slot) for slot in self.slots.values()],
                 "observations": [dict(obs) for obs in self.observations],
@@ -307,7 +320,7 @@ class ActingLoop:
     def load_state_dict(self, state: dict[str, Any]) -> bool:
         """Restore (after ``step``); True when every env copy continues its episode exactly. Otherwise (an env
         cannot set its state) every env copy starts a fresh episode, seeded from the step."""
-        self.rng.bit_generator.state = state["rng"]
+        set_generator_state(self.rng, state["rng"])
         envs = state["envs"]
         exact = len(envs) == len(self.envs) and all(
             s is not None and hasattr(env, "set_state") for s, env in zip(envs, self.envs))

@@ -20,6 +20,8 @@ Test hook (never set it in real runs): ``MADQN_FAULT=checkpoint_write:N[:ACTION]
 checkpoint file this process writes, after half of its temporary file is on disk. ACTION ``kill``
 (default) sends SIGKILL to the process, ``enospc`` raises ``OSError(ENOSPC)`` (a full disk),
 ``stall`` sleeps 60 s before finishing the write (a window for signal tests).
+
+:class:`CheckpointHook` writes a run's checkpoints (every ``save_freq`` agent steps and at the end).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ import numpy as np
 import torch
 
 from madqn.errors import CheckpointError
+from madqn.training.guard import NumericsGuard
 from madqn.training.learners import UPDATE_STAT_KEYS
+from madqn.training.trainer import Hook, TrainerBase
 
 FORMAT_VERSION = 2
 TRAINER_KIND = "madqn-trainer"
@@ -157,23 +161,47 @@ def safe_load(path: Path, kind: str | tuple[str, ...] = TRAINER_KIND, map_locati
         expected = " or ".join(repr(k) for k in kinds)
         raise CheckpointError(f"refusing to load {path}: it is a {obj.get('kind')!r} file, expected {expected}")
     _check_layout(obj, _LAYOUT[obj["kind"]], path)
+    if obj["kind"] == TRAINER_KIND:  # the acting side of one backend, its config's first (that one's error)
+        backend = obj["config"].get("backend")
+        layouts = sorted(ACTING_LAYOUT.items(), key=lambda item: item[0] != backend)
+        if not any(_has_layout(obj, layout) for _, layout in layouts):
+            _check_layout(obj, layouts[0][1], path)
     return obj
 
 
 _LAYOUT: dict[str, dict[str, type | tuple[type, ...]]] = {
     TRAINER_KIND: {"config": dict, "agents": list, "step": int, "episodes": int, "learn_from": int,
-                   "wall_time": float, "groups": dict, "rng": dict, "envs": list, "slots": list,
-                   "observations": list, "action_masks": list},  # + "held": a Ray run's held replay entries
+                   "wall_time": float, "groups": dict, "rng": dict},  # + the acting side's part: ACTING_LAYOUT
     REPLAY_KIND: {"step": int, "groups": dict},
     AGENTS_KIND: {"config": dict, "agents": list, "step": int, "groups": dict, "observation_specs": dict,
                   "action_starts": dict},
 }
 
 
+# a trainer checkpoint's acting side, one of these by the backend that wrote it: the in-process acting loop's
+# state (env copies, slots), or what a Ray run's learner holds (the newest replay entry of each stream). Ray
+# checkpoints written before this table also carry empty acting-loop lists: they load.
+ACTING_LAYOUT: dict[str, dict[str, type]] = {
+    "local": {"envs": list, "slots": list, "observations": list, "action_masks": list},
+    "ray": {"held": list},
+}
+
+
+def _has_layout(obj: dict[str, Any], layout: dict[str, Any]) -> bool:
+    return all(isinstance(obj.get(key), want) and not isinstance(obj.get(key), bool) for key, want in layout.items())
+
+
 def _check_layout(obj: dict[str, Any], layout: dict[str, Any], path: Path) -> None:
     for key, want in layout.items():
-        if not isinstance(obj.get(key), want) or isinstance(obj.get(key), bool):
+        if not _has_layout(obj, {key: want}):
             raise CheckpointError(f"refusing to load {path}: entry {key!r} is missing or malformed")
+
+
+def online_weights(group: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The online network's weights of one entry of a loaded file's ``groups``: the learner's in a trainer
+    checkpoint (``group["learner"]["online"]``), the exported ones in a ``madqn-agents`` file (``group["online"]``).
+    What playing loads (``Agents.from_state``) and what ``madqn export`` writes."""
+    return group["online"] if "online" in group else group["learner"]["online"]
 
 
 def load_run_checkpoint(run_dir: Path) -> tuple[dict[str, Any], Path]:
@@ -228,7 +256,7 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
         "wall_time": float(time.time() - trainer.start_time),
         **trainer.learners.state_dict(),  # learn_from, groups
         **_to_torch({k: v for k, v in acting.items() if k != "rng"}),  # envs, slots, observations, action_masks
-        "rng": {"numpy": acting["rng"], "torch": torch.get_rng_state(), "cuda": list(cuda_rng)},
+        "rng": {"numpy": _to_torch(acting["rng"]), "torch": torch.get_rng_state(), "cuda": list(cuda_rng)},
     }
 
 
@@ -236,6 +264,57 @@ def replay_state(trainer: Any) -> dict[str, Any]:
     return {"format_version": FORMAT_VERSION, "kind": REPLAY_KIND, "step": int(trainer.step),
             "groups": {name: {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in memory.items()}
                        for name, memory in trainer.learners.replay_state_dict().items()}}
+
+
+# ---- writing a run's checkpoints ------------------------------------------------------------------
+
+class CheckpointHook(Hook):
+    """Saves ``checkpoints/latest.pt`` (and ``replay.pt`` with ``save_replay``) every ``save_freq``
+    agent steps and at the end of the run.
+
+    Never saves weights the guard finds non-finite, nor the state of a run that ended by an
+    exception (it may be mid-step). A failed write (full disk) leaves the previous checkpoint in
+    place, records ``error`` and stops the run after the current step.
+    """
+
+    def __init__(self, run_dir: Path, guard: NumericsGuard | None = None):
+        self.dir = Path(run_dir) / "checkpoints"
+        self.guard = guard
+        self.error: CheckpointError | None = None
+        self.saved_step: int | None = None  # step of the newest complete checkpoint
+
+    @property
+    def path(self) -> Path:
+        return self.dir / LATEST
+
+    def on_start(self, trainer: TrainerBase) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        remove_temporaries(self.dir)
+        self.next_save = (trainer.step // trainer.config.save_freq + 1) * trainer.config.save_freq
+
+    def on_step(self, trainer: TrainerBase) -> None:
+        if trainer.step >= self.next_save:
+            self.save(trainer)
+            self.next_save = (trainer.step // trainer.config.save_freq + 1) * trainer.config.save_freq
+
+    def on_end(self, trainer: TrainerBase) -> None:
+        if trainer.failed or self.error is not None or trainer.step == self.saved_step:
+            return
+        self.save(trainer)
+
+    def save(self, trainer: TrainerBase) -> None:
+        if self.error is not None or (self.guard is not None and not self.guard.check(trainer)):
+            return
+        try:
+            if trainer.config.save_replay:
+                atomic_save(replay_state(trainer), self.dir / REPLAY)
+            atomic_save(trainer_state(trainer), self.path)
+        except OSError as e:  # the previous checkpoint files are untouched (atomic_save)
+            self.error = CheckpointError(f"cannot write the checkpoint of step {trainer.step} to {self.dir}: "
+                                         f"{e.strerror or e}")
+            trainer.stop_requested = True
+            return
+        self.saved_step = trainer.step
 
 
 # ---- restoring ----------------------------------------------------------------------------------
@@ -298,7 +377,7 @@ def restore_trainer(trainer: Any, state: dict[str, Any], path: Path) -> bool:
 
 def acting_state(state: dict[str, Any]) -> dict[str, Any]:
     """The acting side's part of a checkpoint, as numpy arrays and plain values."""
-    keys = ("envs", "slots", "observations", "action_masks", "held")
+    keys = [k for layout in ACTING_LAYOUT.values() for k in layout]
     return {"rng": state["rng"]["numpy"], **_to_numpy({k: state[k] for k in keys if k in state})}
 
 

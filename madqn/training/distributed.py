@@ -5,7 +5,7 @@ Two sides, one small interface:
 - :class:`Actor` is an acting loop (madqn.training.acting, the in-process trainer's own) over
   ``num_envs`` env copies with CPU copies of the online networks, feeding a ``RecordingSink``.
   ``rollout(n, step, weights)`` steps ``n`` agent steps and returns a :class:`Rollout`: the replay
-  entries ``(agent, copy, frame, action, reward, terminal, episode_end, mask)`` the loop emitted
+  entries (``Entry``: agent, copy, frame, action, reward, terminal, episode_end, mask) the loop emitted
   (one uint8 frame each, never stacked) and the finished episodes.
 - :class:`DistributedTrainer` is the learner set (madqn.training.learners: networks, optimizers, one
   replay stream per (agent, actor, env copy), the learning schedule, target sync) with the usual
@@ -36,13 +36,14 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from madqn.training.acting import ActingLoop, Entry, EpisodeRecord, RecordingSink
 from madqn.config import Config
-from madqn.envs.adapters import action_starts, observation_specs
+from madqn.core.rng import generator_state, set_generator_state
+from madqn.envs.adapters import action_starts, make_env, observation_specs
+from madqn.envs.vecenv import make_envs, worker_context
 from madqn.errors import MadqnError
+from madqn.training.acting import ActingLoop, Entry, EpisodeRecord, RecordingSink
 from madqn.training.learners import LearnerSet, group_members, q_network_for, replay_seeds_and_acting_rng
 from madqn.training.trainer import Hook, TrainerBase, resolve_device, resolve_threads
-from madqn.envs.vecenv import make_envs, worker_context
 
 
 def apex_epsilons(n_actors: int, eps: float = 0.4, alpha: float = 7.0) -> list[float]:
@@ -400,17 +401,16 @@ class ActorFeed:
         if known is not None and known != batch.incarnation:  # Ray rebuilt the actor; its lost batch never came
             self.close_streams(batch.actor, "was restarted by Ray", step)
         self.incarnations[batch.actor] = batch.incarnation
-        for agent, local, frame, action, reward, terminal, episode_end, mask in batch.entries:
-            copy = batch.actor * self.num_envs + local
-            self.learners.note_reward(agent, reward)
-            held = self.held.pop((agent, copy), None)
+        for received in batch.entries:
+            entry = received._replace(copy=batch.actor * self.num_envs + received.copy)  # the learner set's copy
+            self.learners.note_reward(entry.agent, entry.reward)
+            held = self.held.pop((entry.agent, entry.copy), None)
             if held is not None:
                 self.learners.store(*held)
-            entry = (agent, copy, frame, action, reward, terminal, episode_end, mask)
-            if episode_end:
+            if entry.episode_end:
                 self.learners.store(*entry)
             else:
-                self.held[(agent, copy)] = entry
+                self.held[(entry.agent, entry.copy)] = entry
 
     def close_streams(self, actor: int, what: str, step: int) -> None:
         """An actor process died: end its open episodes in replay at their last received frame (truncated).
@@ -423,24 +423,23 @@ class ActorFeed:
               f"(not counted), its episodes end in replay, training continues", file=sys.stderr, flush=True)
 
     def _end_at(self, entry: Entry) -> None:
-        agent, copy, frame, _, _, _, _, mask = entry
-        self.learners.store(agent, copy, frame, 0, 0.0, False, True, mask)
+        """Store ``entry``'s frame as a truncated final frame: its stream's episode ends there."""
+        self.learners.store(entry.agent, entry.copy, entry.frame, 0, 0.0, False, True, entry.mask)
 
     def state_dict(self) -> dict[str, Any]:
-        """No env or slot state (the actors' episodes are not resumed); the held entries."""
-        return {"rng": self.rng.bit_generator.state, "envs": [], "slots": [], "observations": [],
-                "action_masks": [], "held": [{"agent": e[0], "copy": e[1], "frame": e[2], "mask": e[7]}
-                                             for e in self.held.values()]}
+        """The generator and the held entries; no env or slot state (the actors' episodes are not resumed)."""
+        return {"rng": generator_state(self.rng), "held": [{"agent": e.agent, "copy": e.copy, "frame": e.frame,
+                                                            "mask": e.mask} for e in self.held.values()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> bool:
         """Returns False: a resumed run's actors start fresh episodes."""
-        self.rng.bit_generator.state = state["rng"]
+        set_generator_state(self.rng, state["rng"])
         return False
 
     def close_interrupted_episodes(self, state: dict[str, Any]) -> None:
         """After the replay memory is restored: end each stream's interrupted episode at its held entry."""
         for h in state.get("held", []):
-            self._end_at((h["agent"], int(h["copy"]), h["frame"], 0, 0.0, False, True, h["mask"]))
+            self._end_at(Entry(h["agent"], int(h["copy"]), h["frame"], 0, 0.0, False, True, h["mask"]))
 
 
 class DistributedTrainer(TrainerBase):
@@ -494,8 +493,6 @@ class DistributedTrainer(TrainerBase):
         if isinstance(self.pool, InlinePool):
             acting = self.pool.actors[0].acting
             return acting.envs[0], any("action_mask" in info for infos in acting.infos for info in infos.values())
-        from madqn.envs.adapters import make_env
-
         env = make_env(self.env_spec, self.config, seed=self.config.seed)
         _, infos = env.reset()
         return env, any("action_mask" in info for info in infos.values())

@@ -23,11 +23,12 @@ import numpy as np
 import torch
 
 from madqn.config import Config
-from madqn.errors import CheckpointError, MadqnError
 from madqn.core.learner import Learner
 from madqn.core.networks import build_q_network
 from madqn.core.prioritized import annealed_beta
 from madqn.core.replay import ReplayMemory, available_memory, replay_nbytes, stream_capacity
+from madqn.core.rng import generator_state, set_generator_state
+from madqn.errors import CheckpointError, MadqnError
 
 SHARED = "shared"
 UPDATE_STAT_KEYS = ("abs_delta", "q_mean", "q2_max")  # Learner.update statistics, in this column order
@@ -195,17 +196,17 @@ class LearnerSet:
             for g in self.groups:
                 g.learner.sync_target()
 
-    def learn(self, step: int, replay_lock: Any = None) -> None:
+    def learn(self, step: int, replay_lock: Any = None, groups: Sequence[Group] | None = None) -> None:
         """One minibatch update of every learner whose replay can give one (``step``: the agent step for the
-        lr and beta schedules; ``replay_lock``: held while touching the replay, in overlap mode). With a
-        small ``learn_start`` the first rounds find no complete transition yet and wait, as DQN3.0 learns
-        only from a table that can be sampled."""
+        lr and beta schedules; ``replay_lock``: held while touching the replay, in overlap mode; ``groups``:
+        only these learners, e.g. one to time it). With a small ``learn_start`` the first rounds find no
+        complete transition yet and wait, as DQN3.0 learns only from a table that can be sampled."""
         c = self.config
         lock = replay_lock if replay_lock is not None else nullcontext()
         beta = annealed_beta(step, beta_start=c.priority_beta, learn_start=c.learn_start,
                              anneal_steps=c.priority_beta_endt or c.steps - c.learn_start)
         to = self._to_device
-        for g in self.groups:
+        for g in self.groups if groups is None else groups:
             with lock:
                 if not g.replay.can_sample():
                     continue
@@ -254,7 +255,8 @@ class LearnerSet:
                 "groups": {g.name: {"agents": list(g.agents), "n_actions": g.n_actions,
                                     "learner": g.learner.state_dict(), "updates": g.updates,
                                     "r_max": float(g.learner.r_max), "update_stats": g.update_stats.state_dict(),
-                                    "replay_rng": g.replay.rng.bit_generator.state} for g in self.groups}}
+                                    "replay_rng": torch.from_numpy(generator_state(g.replay.rng))}
+                           for g in self.groups}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for g in self.groups:
@@ -267,7 +269,7 @@ class LearnerSet:
             g.updates = int(saved["updates"])
             g.learner.r_max = float(saved["r_max"])
             g.update_stats.load_state_dict(saved["update_stats"])
-            g.replay.rng.bit_generator.state = saved["replay_rng"]
+            set_generator_state(g.replay.rng, saved["replay_rng"])  # before words: a bit_generator.state dict
         self.learn_from = int(state["learn_from"])
 
     def replay_state_dict(self) -> dict[str, Any]:

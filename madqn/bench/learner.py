@@ -1,0 +1,134 @@
+"""Learner rows: ``LearnerSet.learn`` in fp32 and bf16 against a bare PyTorch update of the same network,
+its achieved GFLOP/s against the matmul peak, and the bare update in bf16 and channels_last."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from madqn.bench.measure import Section, Timings, _sync, _threads, compared, rate
+from madqn.bench.peak import peak_gflops
+from madqn.bench.table import Row
+from madqn.config import make_config
+from madqn.core.learner import cuda_fp32_precision
+from madqn.training.trainer import Trainer
+
+
+def _filled_trainer(sharing: str, device: str, precision: str = "fp32", n_fill: int = 2_000):
+    """A Trainer on pong_v3 whose replay holds ``n_fill`` real steps (random play)."""
+    cfg = make_config(None, {"env": "pong_v3", "sharing": sharing, "device": device, "replay_memory": 10_000,
+                             "learn_start": 10**9, "steps": 10**9, "vector_env": "inline", "seed": 0,
+                             "precision": precision, "num_threads": _threads()})
+    trainer = Trainer(cfg)
+    while trainer.step < n_fill:
+        trainer.env_step()
+    return trainer
+
+
+def bare_update(network, device, batch: int = 32, precision: str = "fp32", channels_last: bool = False):
+    """The limit: a textbook PyTorch DQN update of ``network`` (float input already on the device);
+    ``precision = "bf16"``: its forwards under bf16 autocast; ``channels_last``: weights and input NHWC."""
+    online = copy.deepcopy(network).to(device)
+    target = copy.deepcopy(network).to(device)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    online.to(memory_format=fmt)
+    target.to(memory_format=fmt)
+    opt = torch.optim.RMSprop(online.parameters(), lr=2.5e-4, alpha=0.95, eps=0.01, centered=True)
+    g = torch.Generator().manual_seed(0)
+    shape = (batch, online.hist_len, online.frame_size, online.frame_size)
+    s = (torch.rand(shape, generator=g) * 255).to(device).contiguous(memory_format=fmt)
+    s2 = (torch.rand(shape, generator=g) * 255).to(device).contiguous(memory_format=fmt)
+    a = torch.randint(0, online.n_actions, (batch,), generator=g).to(device)
+    r = torch.rand(batch, generator=g).to(device)
+    term = torch.zeros(batch, device=device)
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    on_cuda = torch.device(device).type == "cuda"
+
+    def update() -> None:
+        # on CUDA the same fp32 arithmetic as the Learner's: IEEE for fp32, TF32 beside bf16 autocast
+        with cuda_fp32_precision("tf32" if precision == "bf16" else "ieee") if on_cuda else contextlib.nullcontext():
+            with autocast:
+                with torch.no_grad():
+                    y = r + 0.99 * (1 - term) * target(s2).max(1).values.float()
+                q = online(s).gather(1, a[:, None]).squeeze(1).float()
+            loss = F.smooth_l1_loss(q, y, reduction="sum")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    return update
+
+
+def update_flops(learner, batch: int = 32) -> float:
+    """FLOPs of one ``Learner.update`` on a batch of ``batch``, counted by PyTorch from the layer shapes
+    (every matmul and convolution of the target forward, the online forward and the backward)."""
+    net = learner.online_network
+    learner = copy.deepcopy(learner)  # the update below must not move the benchmarked weights
+    shape = (batch, net.hist_len, net.frame_size, net.frame_size)
+    frames = torch.zeros(shape, dtype=torch.uint8, device=learner.device)
+    zeros = torch.zeros(batch, device=learner.device)
+    ids = torch.zeros(batch, dtype=torch.long, device=learner.device)
+    with FlopCounterMode(display=False) as counter:
+        learner.update(frames, ids, zeros, frames, zeros, agent_ids=ids)
+    return float(counter.get_total_flops())
+
+
+def learner_section(device: str, n: int) -> Section:
+    """LearnerSet.learn in fp32 and bf16, and the bare PyTorch update in fp32 / bf16 / channels_last, one learner."""
+    sync = _sync(device)
+    trainers = {p: _filled_trainer("independent", device, p) for p in ("fp32", "bf16")}
+    network = trainers["fp32"].groups[0].learner.online_network
+    flops = update_flops(trainers["fp32"].groups[0].learner)
+    key = f"learner[{device}]"
+    probes = {}
+    for precision in ("fp32", "bf16"):
+        for cl in (False, True):
+            bare = bare_update(network, device, precision=precision, channels_last=cl)
+            probes[f"{key}/bare-{precision}{'-cl' if cl else ''}"] = lambda bare=bare: rate(bare, n, sync)
+        probes[f"{key}/madqn-{precision}"] = lambda t=trainers[precision]: rate(
+            lambda: t.learners.learn(t.step, groups=t.groups[:1]), n, sync)  # one learner's round
+    replay = trainers["fp32"].groups[0].replay
+    sample_ms = 1e3 / rate(lambda: replay.sample(32), 200) if device == "cpu" else None
+    threads = _threads()
+
+    def rows(t: Timings) -> list[Row]:
+        return learner_rows(t, device, flops, threads, sample_ms)
+
+    return Section(probes, rows, [t.close for t in trainers.values()])
+
+
+def learner_rows(t: Timings, device: str, flops: float, threads: int, sample_ms: float | None = None) -> list[Row]:
+    """LearnerSet.learn per precision against the bare fp32 update, the achieved GFLOP/s against the matmul
+    peak of the same precision (``flops`` per update), and the bare update in bf16 and channels_last."""
+    key = f"learner[{device}]"
+    out = [compared(t, f"learner [{device}]: LearnerSet.learn fp32 (sample, convert, DQN3.0 update)",
+                    f"{key}/madqn-fp32", f"{key}/bare-fp32", "updates/s", target=">= 0.95 x limit",
+                    check=lambda ratio: ratio >= 0.95,
+                    note=f"limit: bare PyTorch fp32 update, same net, batch 32, {threads} threads"),
+           compared(t, f"learner [{device}]: LearnerSet.learn bf16 (precision = \"bf16\")",
+                    f"{key}/madqn-bf16", f"{key}/bare-fp32", "updates/s",
+                    note="limit: the same bare PyTorch fp32 update")]
+    for precision in ("fp32", "bf16"):
+        peak = f"peak[{device}]/{precision}"
+        row = compared(t, f"learner [{device}]: achieved arithmetic, {precision}", f"{key}/madqn-{precision}", peak,
+                       "GFLOP/s", target=">= 0.5 x limit" if precision == "bf16" else "",
+                       check=(lambda ratio: ratio >= 0.5) if precision == "bf16" else None,
+                       note=f"{flops / 1e9:.2f} GFLOP per update x updates/s; limit: the {precision} matmul peak")
+        row.value, row.limit = t.median(f"{key}/madqn-{precision}") * flops * 1e-9, peak_gflops(t, device, precision)
+        row.round_ratio *= flops  # updates/s x FLOP per update over FLOP/s
+        out.append(row)
+    out += [compared(t, f"learner [{device}]: bare update, bf16 autocast", f"{key}/bare-bf16", f"{key}/bare-fp32",
+                     "updates/s", note="limit: the bare fp32 update"),
+            compared(t, f"learner [{device}]: bare update, fp32 channels_last", f"{key}/bare-fp32-cl",
+                     f"{key}/bare-fp32", "updates/s", note="limit: the bare fp32 update (NCHW)"),
+            compared(t, f"learner [{device}]: bare update, bf16 channels_last", f"{key}/bare-bf16-cl",
+                     f"{key}/bare-bf16", "updates/s", note="limit: the bare bf16 update (NCHW)")]
+    if sample_ms is not None:
+        share = 100 * sample_ms * t.median(f"{key}/madqn-fp32") / 1e3
+        out.append(Row("replay: sample(32) (one gather of 32x5 frames)", sample_ms, "ms",
+                       note=f"{share:.1f}% of an fp32 update"))
+    return out
