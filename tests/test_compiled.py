@@ -1,21 +1,24 @@
 """``compile = true``: the compiled learner update equals the eager one (DQN3.0's maths, op by op).
 
-Two learners start from the same weights and take the same 50 minibatches; the compiled one runs the
-forwards, targets and injected backward as one ``torch.compile`` graph and the optimizer as one fused
-kernel. Float rounding of the compiled kernels differs from the eager ones (other summation orders inside
-fused loops), so the weights are compared against the size of what the 50 updates changed: the largest
-difference must stay below 1% (fp32) or 5% (bf16, whose rounding is coarser) of the largest change, and
-the per-update statistics must agree to the same tolerance.
+Along a 50-update trajectory of the eager learner (50 different minibatches, the RMSProp state and the
+target network evolving, the lr annealed), the compiled learner is put in the eager learner's state before
+every update and both take the same minibatch: the compiled update must land where the eager one does, up to
+the float rounding of the fused kernels. Two learners left to run apart would not do: on random minibatches
+one rounding difference flips a ReLU somewhere within a few updates and the trajectories separate (measured:
+15% of the change after 50 updates in fp32), so the tests compare the update map, not the trajectory. In
+float64 no rounding can flip a ReLU, and the compiled update must equal the eager one to 1e-6 of its size
+(measured: 1e-14); in bf16 both paths are compared with the exact update.
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
 
 import pytest
 import torch
 
-from madqn.core.learner import DQN3RMSprop, Learner, dqn3_rmsprop_
+from madqn.core.learner import Learner, dqn3_rmsprop_
 from madqn.core.networks import DQN3ConvNet
 
 from helpers import random_batch
@@ -37,56 +40,86 @@ def batches(n: int, *, n_step: bool, prioritized: bool):
     return out
 
 
-def train(net, compiled: bool, data, **kw):
-    learner = Learner(copy.deepcopy(net), lr=2.5e-4, lr_end=1e-4, lr_endt=UPDATES, learn_start=0, discount=0.99,
-                      clip_delta=1.0, rescale_r=False, r_max=1.0, weight_cost=0.0, device="cpu", compile=compiled,
-                      **kw)
-    stats = []
-    for step, b in enumerate(data):
-        s = learner.update(b["states"], b["actions"], b["rewards"], b["next_states"], b["terminals"],
-                           agent_ids=b["agent_ids"], step=step, discounts=b["discounts"], weights=b["weights"])
-        stats.append(torch.stack([s["abs_delta"], s["q_mean"], s["q2_max"]]).float())
-        if step % 20 == 19:
-            learner.sync_target()
-    return learner, torch.stack(stats)
+def learner(net, compiled: bool, **kw) -> Learner:
+    return Learner(copy.deepcopy(net), lr=2.5e-4, lr_end=1e-4, lr_endt=UPDATES, learn_start=0, discount=0.99,
+                   clip_delta=1.0, rescale_r=False, r_max=1.0, weight_cost=0.0, device="cpu", compile=compiled, **kw)
 
 
-def assert_same_training(net, tolerance, *, n_step=False, prioritized=False, **kw):
+def update(learner: Learner, b: dict, step: int) -> torch.Tensor:
+    s = learner.update(b["states"], b["actions"], b["rewards"], b["next_states"], b["terminals"],
+                       agent_ids=b["agent_ids"], step=step, discounts=b["discounts"], weights=b["weights"])
+    return torch.stack([s["abs_delta"], s["q_mean"], s["q2_max"]]).float()
+
+
+def assert_same_updates(net, tolerance, *, n_step=False, prioritized=False, **kw) -> float:
     data = batches(UPDATES, n_step=n_step, prioritized=prioritized)
-    eager, eager_stats = train(net, False, data, **kw)
-    compiled, compiled_stats = train(net, True, data, **kw)
-    start = dict(net.named_parameters())
-    worst = 0.0
-    for (name, p), q in zip(eager.online_network.named_parameters(), compiled.online_network.parameters()):
-        change = (p.detach() - start[name].detach()).abs().max().item()
-        assert change > 0, f"{name} did not move: the test would not see a difference"
-        worst = max(worst, (p.detach() - q.detach()).abs().max().item() / change)
-    assert worst < tolerance, f"compiled weights differ from eager by {worst:.2%} of the change (limit {tolerance:.0%})"
-    scale = eager_stats.abs().amax(dim=0)
-    assert ((eager_stats - compiled_stats).abs().amax(dim=0) <= tolerance * scale).all()
-    for p, q in zip(eager.target_network.parameters(), compiled.target_network.parameters()):
-        assert (p - q).abs().max() <= tolerance * p.abs().max()
-    return worst
+    eager, compiled = learner(net, False, **kw), learner(net, True, **kw)
+    start = [p.detach().clone() for p in eager.online_network.parameters()]
+    worst, per_step = 0.0, []
+    for step, b in enumerate(data):
+        compiled.load_state_dict(copy.deepcopy(eager.state_dict()))  # the same networks, target, optimizer state
+        before = [p.detach().clone() for p in eager.online_network.parameters()]
+        eager_stats, compiled_stats = update(eager, b, step), update(compiled, b, step)
+        this_step = 0.0
+        for (name, p), q, p0 in zip(eager.online_network.named_parameters(), compiled.online_network.parameters(),
+                                    before):
+            change = (p.detach() - p0).norm()
+            if change > 0:
+                this_step = max(this_step, ((p.detach() - q.detach()).norm() / change).item())
+        per_step.append(this_step)
+        worst = max(worst, this_step)
+        torch.testing.assert_close(compiled_stats, eager_stats, rtol=tolerance, atol=tolerance)
+        if step % 20 == 19:
+            eager.sync_target()
+    for p, p0 in zip(eager.online_network.parameters(), start):
+        assert not torch.equal(p, p0)  # every tensor learned: a difference would have shown
+    print(f"largest difference: {worst:.2e} of an update; median {statistics.median(per_step):.2e}")
+    return worst, statistics.median(per_step)
 
 
-def test_compiled_update_equals_eager_with_dqn3_defaults():
-    """DQN3.0's own settings: fp32, plain DQN targets, centred RMSProp (fused kernel), one network per agent."""
+@pytest.mark.parametrize("variant", ["dqn3", "extensions", pytest.param("adam", marks=pytest.mark.slow)])
+def test_compiled_update_equals_eager_in_float64(variant):
+    """The same maths: in float64 no rounding difference can flip a ReLU, so every one of the 50 updates must
+    agree to 1e-6 of its size. dqn3: DQN3.0's own settings (plain targets, centred RMSProp as the fused
+    kernel, one network per agent); extensions: a shared network (agent indicator) with double DQN, dueling
+    heads, n-step discounts and importance weights; adam: Adam instead of RMSProp."""
     torch.manual_seed(0)
-    assert_same_training(DQN3ConvNet(6), 0.01)
+    kw = {"dqn3": dict(net=DQN3ConvNet(6)),
+          "extensions": dict(net=DQN3ConvNet(6, n_agents=2, dueling=True), n_step=True, prioritized=True,
+                             double=True),
+          "adam": dict(net=DQN3ConvNet(6, n_agents=2), double=True, optimizer="adam", adam_eps=4.8e-3)}[variant]
+    net = kw.pop("net").double()
+    worst, _ = assert_same_updates(net, 1e-6, **kw)
+    assert worst < 1e-6
 
 
-def test_compiled_update_equals_eager_with_the_extensions_under_bf16():
-    """A shared network (agent indicator) with double DQN, dueling heads, n-step discounts, importance
-    weights and bf16 autocast, the preset's precision."""
+def test_compiled_bf16_update_is_as_exact_as_the_eager_one():
+    """bf16 autocast, the preset's precision: neither path equals the exact update (bf16 keeps 8 bits of
+    mantissa; measured: a bf16 update lands 11% of its size from the float64 one, median over updates), and
+    the compiled kernels round in other places (fp32 between fused operations). So both are measured against
+    the float64 update from the same state, on 30 minibatches: the compiled update must be no further from it
+    than the eager one (median within 1.25x, worst within 1.5x)."""
     torch.manual_seed(1)
-    assert_same_training(DQN3ConvNet(6, n_agents=2, dueling=True), 0.05, n_step=True, prioritized=True,
-                         double=True, precision="bf16")
-
-
-@pytest.mark.slow
-def test_compiled_update_equals_eager_with_adam():
-    torch.manual_seed(2)
-    assert_same_training(DQN3ConvNet(6, n_agents=2), 0.01, double=True, optimizer="adam", adam_eps=4.8e-3)
+    net = DQN3ConvNet(6, n_agents=2, dueling=True)
+    kw = dict(double=True)
+    eager, compiled = learner(net, False, precision="bf16", **kw), learner(net, True, precision="bf16", **kw)
+    exact = learner(copy.deepcopy(net).double(), False, **kw)
+    errors: dict[str, list[float]] = {"eager": [], "compiled": []}
+    for step, b in enumerate(batches(30, n_step=True, prioritized=True)):
+        state = eager.state_dict()
+        compiled.load_state_dict(copy.deepcopy(state))
+        exact.load_state_dict(copy.deepcopy(state))
+        before = [p.detach().double().clone() for p in eager.online_network.parameters()]
+        for one in (eager, compiled, exact):
+            update(one, b, step)
+        for name, one in (("eager", eager), ("compiled", compiled)):
+            errors[name].append(max(((p.detach().double() - q.detach()).norm() / (q.detach() - p0).norm()).item()
+                                    for p, q, p0 in zip(one.online_network.parameters(),
+                                                        exact.online_network.parameters(), before)))
+    print({k: (round(statistics.median(v), 3), round(max(v), 3)) for k, v in errors.items()})
+    assert statistics.median(errors["compiled"]) <= 1.25 * statistics.median(errors["eager"])
+    assert max(errors["compiled"]) <= 1.5 * max(errors["eager"])
+    assert statistics.median(errors["eager"]) > 0.01  # bf16 really rounds: the comparison means something
 
 
 def test_fused_rmsprop_kernel_equals_the_foreach_step_and_the_formula():

@@ -149,7 +149,7 @@ def dqn3_rmsprop_(params: list[Tensor], grads: list[Tensor], gs: list[Tensor], g
     one loop over each parameter (the learning rate passed as a tensor, so an annealed lr compiles once);
     equal to the foreach path up to float rounding of the compiled kernel (tests/test_compiled.py)."""
     if fused:
-        _fused_rmsprop()(params, grads, gs, g2s, torch.tensor(lr, dtype=torch.float32, device=params[0].device),
+        _fused_rmsprop()(params, grads, gs, g2s, torch.tensor(lr, dtype=params[0].dtype, device=params[0].device),
                          decay, eps, weight_cost)
         return
     if weight_cost != 0:
