@@ -452,7 +452,7 @@ def test_prioritized_tree_after_many_adds_equals_a_reference_recomputation():
             assert not rejected.any()
             reference[mem.tree.get(np.arange(n_streams * cap)) == 0] = 0.0  # draws zero leaves they reject
             deltas = rng.normal(size=8)
-            mem.update_priorities(batch.streams, batch.indices, deltas)
+            mem.update_priorities(batch.streams, batch.indices, deltas, entries=batch.entries)
             leaves = batch.streams * cap + batch.indices
             values = (np.minimum(np.abs(deltas), np.inf) + eps) ** alpha
             for leaf, value in zip(leaves, values):
@@ -464,6 +464,57 @@ def test_prioritized_tree_after_many_adds_equals_a_reference_recomputation():
             np.testing.assert_allclose(leaves, reference, rtol=1e-6, atol=0)
             assert np.array_equal(mem.tree.nodes, _tree_built_from(leaves, mem.tree.size)), t
     assert mem.max_priority == pytest.approx(max_p)
+
+
+def test_prioritized_update_skips_a_transition_whose_slot_was_overwritten_after_the_draw():
+    """Overlap mode: the acting thread may write while the learner thread computes a minibatch's deltas. A
+    sampled transition whose slot was reused since belongs to someone else: its new priority is not touched."""
+    mem = ReplayMemory(4, (1,), 1, frame_dtype=np.int32, seed=0, prioritized=True, priority_alpha=1.0,
+                       priority_eps=0.01)
+    _chain(mem, 0, 4)  # transitions 0, 1, 2 complete with priority 1
+    batch = mem.sample(32)
+    assert {0, 2} <= set(batch.indices.tolist())
+    _chain(mem, 0, 2, 4)  # entries 4 and 5 overwrite slots 0 and 1: slot 0 now holds transition 4 (priority 1)
+    assert mem.tree.get([0, 1, 2, 3]).tolist() == [1.0, 0.0, 1.0, 1.0]
+    mem.update_priorities(batch.streams, batch.indices, np.full(32, 0.5), entries=batch.entries)
+    np.testing.assert_allclose(mem.tree.get([0, 1, 2, 3]), [1.0, 0.0, 0.51, 1.0])  # only transition 2 updated
+
+
+def test_prioritized_learner_round_leaves_transitions_written_during_the_update_alone():
+    """The same through the learner set as overlap mode runs it: the replay lock is released between the draw
+    and the priority update, and the acting thread writes then (here at exactly that moment, no thread)."""
+    from madqn.envs.adapters import make_env
+    from madqn.training.learners import LearnerSet
+
+    config = Config(**{**TINY, "replay_memory": 40, "minibatch_size": 32, "hist_len": 1, "sharing": "shared"},
+                    steps=1000, prioritized=True, priority_alpha=1.0)
+    env = make_env(config.env, config)
+    learners = LearnerSet(config, env, 1, False, [0], torch.device("cpu"))
+    replay = learners.groups[0].replay
+    cap = replay.capacity
+    frame = np.zeros(env.observation_space("left").shape, np.uint8)
+    for t in range(cap):  # stream 0 full, no episode end: transitions 0 .. cap-2 complete with priority 1
+        replay.add(0, frame, 0, 0.0, False, False)
+
+    class ActingWritesBetweenDrawAndUpdate:
+        """The replay lock of overlap mode; on its first release (after the draw) the actor writes cap entries."""
+
+        releases = 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.releases += 1
+            if self.releases == 1:
+                for _ in range(cap):
+                    replay.add(0, frame, 0, 0.0, False, False)
+
+    before = replay.tree.get(np.arange(cap)).copy()
+    learners.learn(step=500, replay_lock=ActingWritesBetweenDrawAndUpdate())
+    assert learners.groups[0].updates == 1
+    # every slot was rewritten after the draw: no leaf may carry the old transitions' priorities
+    np.testing.assert_array_equal(replay.tree.get(np.arange(cap)), before)
 
 
 def test_prioritized_memory_costs_at_most_16_bytes_per_transition():
