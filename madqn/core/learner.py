@@ -180,7 +180,7 @@ def bf16_supported(device: torch.device) -> bool:
 def _bf16_support(device: torch.device) -> str | None:
     """What makes bf16 native on ``device`` (for the run's first line), or None."""
     if device.type == "cuda":
-        return "this GPU has bf16 tensor cores" if torch.cuda.is_bf16_supported() else None
+        return "this GPU has bf16 tensor cores" if _cuda_bf16_native(device) else None
     if device.type == "cpu":
         try:
             flags = set(open("/proc/cpuinfo").read().split())
@@ -189,6 +189,19 @@ def _bf16_support(device: torch.device) -> str | None:
         found = [name for flag, name in (("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16")) if flag in flags]
         return f"this CPU has {' and '.join(found)}" if found else None
     return None
+
+
+def _cuda_bf16_native(device: torch.device) -> bool:
+    """Whether the GPU ``device`` (the learner's, not whichever is current) has bf16 tensor cores. torch's
+    ``is_bf16_supported()`` asks the current device and, by default, counts emulation (pre-Ampere GPUs run
+    bf16 slower than fp32), so it is asked with ``including_emulation=False`` with ``device`` selected."""
+    if not torch.cuda.is_available():
+        return False
+    with torch.cuda.device(device):
+        try:
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:  # torch < 2.3: no including_emulation; native means compute capability >= 8.0
+            return torch.version.hip is not None or torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
