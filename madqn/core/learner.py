@@ -334,8 +334,19 @@ class Learner:
             return self._update(states, actions, rewards, next_states, terminals, agent_ids, next_action_masks,
                                 step, discounts, weights)
 
-    def _update(self, states, actions, rewards, next_states, terminals, agent_ids, next_action_masks, step,
-                discounts, weights) -> dict[str, Tensor]:
+    def td_error(self, states: Tensor, actions: Tensor, rewards: Tensor, next_states: Tensor, terminals: Tensor,
+                 agent_ids: Tensor | None = None, next_action_masks: Tensor | None = None,
+                 discounts: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(delta_B, q2_max_B)`` exactly as ``update`` computes them (same networks, Double DQN, precision),
+        without a gradient or an optimizer step: DQN3.0's validation statistics (V, TD error)."""
+        with self._device_precision(), torch.no_grad():
+            _, _, delta, q2_max = self._td(states, actions, rewards, next_states, terminals, agent_ids,
+                                           next_action_masks, discounts)
+        return delta, q2_max
+
+    def _td(self, states, actions, rewards, next_states, terminals, agent_ids, next_action_masks, discounts):
+        """The one TD computation of ``update`` and ``td_error``: ``(q_all, targets, delta, q2_max)`` with
+        Q(s, .) of the online network (differentiable unless the caller disabled autograd)."""
         ids = self._ids(agent_ids)
         with self._autocast():
             with torch.no_grad():
@@ -357,6 +368,12 @@ class Learner:
             next_action_mask=next_action_masks,
             q2_online=None if q2_online is None else q2_online.float(),
         )
+        return q_all, targets, delta, q2_max
+
+    def _update(self, states, actions, rewards, next_states, terminals, agent_ids, next_action_masks, step,
+                discounts, weights) -> dict[str, Tensor]:
+        q_all, targets, delta, q2_max = self._td(states, actions, rewards, next_states, terminals, agent_ids,
+                                                 next_action_masks, discounts)
         if weights is not None:
             targets = targets * weights.to(targets.dtype).view(-1, 1)
         self.optimizer.zero_grad(set_to_none=True)
