@@ -61,6 +61,7 @@ class Rollout:
     entries: list[Entry]
     episodes: list[EpisodeRecord]
     incarnation: str = ""  # random id of the actor object: a new one means Ray rebuilt the actor
+    epsilon: float = float("nan")  # what the actor acts with at the batch's last step
 
 
 def actor_config(config: Config, index: int, reseed: int = 0) -> Config:
@@ -108,7 +109,7 @@ class Actor:
         while self.acting.step - start < n_steps:
             self.acting.step_envs()
         entries, episodes = self.sink.take()
-        return Rollout(self.index, self.acting.step - start, entries, episodes, self.incarnation)
+        return Rollout(self.index, self.acting.step - start, entries, episodes, self.incarnation, self.epsilon())
 
     def close(self) -> None:
         self.acting.close()
@@ -228,6 +229,9 @@ class RayActorProcess:
     def pid(self) -> int:
         return os.getpid()
 
+    def epsilon(self) -> float:
+        return self.actor.epsilon()
+
 
 class ActorFeed:
     """The acting side of a Ray run as its learner sees it: actor batches into the learner set's replay.
@@ -245,6 +249,7 @@ class ActorFeed:
         self.rng = rng  # seeded the replay memories; kept in checkpoints like the in-process acting generator
         self.held: dict[tuple[str, int], Entry] = {}  # (agent, copy) -> its newest entry, stored when a successor comes
         self.incarnations: dict[int, str] = {}  # actor -> id of the actor object its last batch came from
+        self.epsilons: dict[int, float] = {}  # actor -> the epsilon it acted with at the end of its last batch
         self.actor_restarts = 0
 
     def ingest(self, batch: Rollout, step: int) -> None:
@@ -252,6 +257,7 @@ class ActorFeed:
         if known is not None and known != batch.incarnation:  # Ray rebuilt the actor; its lost batch never came
             self.close_streams(batch.actor, "was restarted by Ray", step)
         self.incarnations[batch.actor] = batch.incarnation
+        self.epsilons[batch.actor] = batch.epsilon
         for agent, local, frame, action, reward, terminal, episode_end, mask in batch.entries:
             copy = batch.actor * self.num_envs + local
             self.learners.note_reward(agent, reward)
@@ -263,6 +269,11 @@ class ActorFeed:
                 self.learners.store(*entry)
             else:
                 self.held[(agent, copy)] = entry
+
+    def epsilon(self) -> float:
+        """The mean of the epsilons the actors acted with in their latest batches (with Ape-X epsilons the
+        actors differ; each episode record carries its own actor's); NaN before the first batch."""
+        return float(np.mean(list(self.epsilons.values()))) if self.epsilons else float("nan")
 
     def close_streams(self, actor: int, what: str, step: int) -> None:
         """An actor process died: end its open episodes in replay at their last received frame (truncated).
@@ -409,7 +420,7 @@ class DistributedTrainer(TrainerBase):
         for r in batch.episodes:
             self.episodes += 1
             record = EpisodeRecord(self.step + batch.steps, self.episodes, batch.actor * self.config.num_envs
-                                   + r.env_index, r.scores, r.lengths, r.truncated, r.random_seats)
+                                   + r.env_index, r.scores, r.lengths, r.truncated, r.epsilon, r.random_seats)
             for h in self.hooks:
                 h.on_episode(self, record)
 

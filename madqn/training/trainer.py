@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from madqn.training.acting import ActingLoop, EpisodeRecord  # EpisodeRecord: what Hook.on_episode receives
-from madqn.core.actor import linear_epsilon
 from madqn.config import Config
 from madqn.envs.adapters import action_starts, is_pettingzoo_env, observation_specs
 from madqn.errors import MadqnError
@@ -118,10 +117,9 @@ class TrainerBase:
         return self.learners.groups
 
     def epsilon(self) -> float:
-        """DQN3.0's training epsilon at the current agent step."""
-        c = self.config
-        return linear_epsilon(self.step, ep_start=c.ep_start, ep_end=c.ep_end, ep_endt=c.ep_endt,
-                              learn_start=c.learn_start)
+        """The epsilon the acting side acts with now (``acting.epsilon()``): the acting loop's (DQN3.0's
+        schedule); on Ray the mean of the actors' latest (Ape-X actors each have their own)."""
+        return self.acting.epsilon()
 
     def log_scalars(self, scalars: dict[str, float], step: int | None = None) -> None:
         """Publish named scalars (TensorBoard-style tags, e.g. ``td_error/first_0``) to every hook's ``on_scalars``."""
