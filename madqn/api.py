@@ -143,7 +143,7 @@ def train(env: Any = None, config: Config | str | Path | None = None, *, run_dir
         plan = plan_new_run(env, config, overrides, run_dir, force)
     device = resolve_device(plan.config.device)
     precision, precision_why = describe_precision(plan.config.precision, device)
-    cfg = plan.config.replace(precision=precision)  # config.toml and the checkpoints record what ran, not "auto"
+    cfg = round_steps(plan.config).replace(precision=precision)  # config.toml and the checkpoints record what ran, not "auto"
 
     guard = NumericsGuard()
     metrics = MetricsHook(plan.run_dir)
@@ -224,6 +224,19 @@ def plan_resume(env: Any, config: Config | str | Path | None, overrides: dict[st
         raise MadqnError(f"run {run_dir} already reached step {state['step']} of steps = {cfg.steps}; "
                          f"pass --steps N with N > {state['step']} to train longer")
     return RunPlan(cfg, env, run_dir, state, ckpt_path)
+
+
+def round_steps(config: Config) -> Config:
+    """The in-process trainer advances ``num_envs`` agent steps at a time (one step of every env copy): a
+    ``steps`` that is not a multiple of it is rounded up once, with a line saying so, before anything starts
+    (the run then ends where it says, and config.toml records what ran)."""
+    n, steps = config.num_envs, config.steps
+    if config.backend != "local" or steps % n == 0:
+        return config
+    rounded = -(-steps // n) * n
+    print(f"madqn train: steps = {steps} is not a multiple of num_envs = {n} (one step of the {n} env copies is "
+          f"{n} agent steps): rounded up to {rounded}", flush=True)
+    return config.replace(steps=rounded)
 
 
 def build_trainer(config: Config, env: Any, hooks: list[Hook]) -> TrainerBase:

@@ -57,6 +57,24 @@ def learner_update(net, precision, batch, device="cpu", steps=1, lr=2.5e-4):
     return learner, {k: v.detach().cpu() for k, v in stats.items()}, change
 
 
+def switches():
+    """The process-global TF32 switches the CUDA learner sets around an update."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    return matmul.fp32_precision, conv.fp32_precision
+
+
+def switches_during_update(device, precision, batch_size=4):
+    """(switches seen by the online network's forwards inside ``Learner.update``, switches after it)."""
+    torch.manual_seed(0)
+    from madqn.core.networks import DQN3ConvNet
+
+    net = DQN3ConvNet(6, 4, n_agents=2)
+    seen = []
+    net.register_forward_hook(lambda *_: seen.append(switches()))
+    learner_update(net, precision, random_batch(0, batch=batch_size), device=device)
+    return set(seen), switches()
+
+
 def play_side_by_side(a, b, steps=60, epsilon=0.05, atol=0.0):
     """Both agent sets act on the same real pong_v3 observations (a's actions step the env); returns how
     many (step, agent) decisions were compared. Actions must be equal, and Q-values bitwise equal

@@ -331,6 +331,34 @@ def test_sum_tree_update_after_a_sample_changes_only_that_leafs_path():
     assert np.array_equal(tree.nodes, other.nodes)
 
 
+def _tree_built_from(leaves, size):
+    """The sum-tree's definition written out: leaves then each level, float32, every node = left + right."""
+    nodes = np.zeros(2 * size, dtype=np.float32)
+    nodes[size:size + len(leaves)] = leaves
+    width = size // 2
+    while width >= 1:
+        for k in range(width, 2 * width):
+            nodes[k] = nodes[2 * k] + nodes[2 * k + 1]
+        width //= 2
+    return nodes
+
+
+def test_sum_tree_deferred_sums_equal_a_tree_built_from_scratch_bit_for_bit():
+    """Leaf writes of every batch size (the loop and the numpy propagation, sparse and whole levels), read
+    back through ``total`` and ``nodes``: each time the same tree as one built from its leaves."""
+    rng = np.random.default_rng(4)
+    for n_leaves in (1, 2, 13, 1000, 4096):
+        tree = SumTree(n_leaves)
+        for count in (1, 2, 5, 16, 17, 40, 300, 5000, 1, 3):
+            if rng.random() < 0.5:
+                tree.set(rng.integers(0, n_leaves, count), rng.random(count).astype(np.float32) * 3)
+            else:
+                for leaf in rng.integers(0, n_leaves, count):
+                    tree.set_one(int(leaf), float(rng.random()))
+            reference = _tree_built_from(tree.get(np.arange(n_leaves)), tree.size)
+            assert tree.total == reference[1] and np.array_equal(tree.nodes, reference), (n_leaves, count)
+
+
 def test_importance_weights_and_beta_hand_computed():
     # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (P_i / min P)^-beta
     w = importance_weights(np.array([0.1, 0.2, 0.4, 0.1]), beta=0.5)
@@ -395,6 +423,98 @@ def test_prioritized_sampling_only_valid_transitions_and_state_round_trip():
     assert np.array_equal(a.indices, b.indices) and np.array_equal(a.weights, b.weights)
     with pytest.raises(ValueError, match="prioritized"):
         ReplayMemory(20, (1,), 3, n_streams=2, frame_dtype=np.int32).load_state_dict(state)
+
+
+def test_prioritized_tree_after_many_adds_equals_a_reference_recomputation():
+    """Many adds on several streams, through episode ends and wrap-arounds, with draws and priority updates in
+    between: every leaf holds what the rule says (0 without a successor, the largest priority so far when the
+    successor arrives, (|delta| + eps) ** alpha after an update) and every inner node is the float32 sum of its
+    children, exactly as a tree built from scratch from those leaves (so draws are as before, bit for bit)."""
+    cap, n_streams, alpha, eps = 37, 3, 0.6, 1e-3
+    mem = ReplayMemory(cap, (1,), 2, n_streams=n_streams, frame_dtype=np.int32, seed=5, prioritized=True,
+                       priority_alpha=alpha, priority_eps=eps)
+    rng = np.random.default_rng(11)
+    reference = np.zeros(n_streams * cap)  # leaf values by the rule, kept here independently of the memory
+    written, last_end, max_p = np.zeros(n_streams, dtype=int), np.ones(n_streams, dtype=bool), 1.0
+    for t in range(2000):
+        s = int(rng.integers(n_streams))
+        pos = written[s] % cap
+        end = bool(rng.random() < 0.1)
+        mem.add(s, [t], 0, 0.0, end and rng.random() < 0.5, end)
+        reference[s * cap + pos] = 0.0
+        if written[s] > 0 and not last_end[s]:
+            reference[s * cap + (pos - 1) % cap] = np.float32(max_p ** alpha)
+        written[s] += 1
+        last_end[s] = end
+        if t % 23 == 22 and mem.can_sample():
+            batch = mem.sample(8)
+            rejected = (mem.tree.get(batch.streams * cap + batch.indices) == 0)  # none: a draw is positive
+            assert not rejected.any()
+            reference[mem.tree.get(np.arange(n_streams * cap)) == 0] = 0.0  # draws zero leaves they reject
+            deltas = rng.normal(size=8)
+            mem.update_priorities(batch.streams, batch.indices, deltas, entries=batch.entries)
+            leaves = batch.streams * cap + batch.indices
+            values = (np.minimum(np.abs(deltas), np.inf) + eps) ** alpha
+            for leaf, value in zip(leaves, values):
+                if reference[leaf] > 0:
+                    reference[leaf] = np.float32(value)
+            max_p = max(max_p, float((np.abs(deltas) + eps).max()))
+        if t % 97 == 0 or t == 1999:
+            leaves = mem.tree.get(np.arange(n_streams * cap))
+            np.testing.assert_allclose(leaves, reference, rtol=1e-6, atol=0)
+            assert np.array_equal(mem.tree.nodes, _tree_built_from(leaves, mem.tree.size)), t
+    assert mem.max_priority == pytest.approx(max_p)
+
+
+def test_prioritized_update_skips_a_transition_whose_slot_was_overwritten_after_the_draw():
+    """Overlap mode: the acting thread may write while the learner thread computes a minibatch's deltas. A
+    sampled transition whose slot was reused since belongs to someone else: its new priority is not touched."""
+    mem = ReplayMemory(4, (1,), 1, frame_dtype=np.int32, seed=0, prioritized=True, priority_alpha=1.0,
+                       priority_eps=0.01)
+    _chain(mem, 0, 4)  # transitions 0, 1, 2 complete with priority 1
+    batch = mem.sample(32)
+    assert {0, 2} <= set(batch.indices.tolist())
+    _chain(mem, 0, 2, 4)  # entries 4 and 5 overwrite slots 0 and 1: slot 0 now holds transition 4 (priority 1)
+    assert mem.tree.get([0, 1, 2, 3]).tolist() == [1.0, 0.0, 1.0, 1.0]
+    mem.update_priorities(batch.streams, batch.indices, np.full(32, 0.5), entries=batch.entries)
+    np.testing.assert_allclose(mem.tree.get([0, 1, 2, 3]), [1.0, 0.0, 0.51, 1.0])  # only transition 2 updated
+
+
+def test_prioritized_learner_round_leaves_transitions_written_during_the_update_alone():
+    """The same through the learner set as overlap mode runs it: the replay lock is released between the draw
+    and the priority update, and the acting thread writes then (here at exactly that moment, no thread)."""
+    from madqn.envs.adapters import make_env
+    from madqn.training.learners import LearnerSet
+
+    config = Config(**{**TINY, "replay_memory": 40, "minibatch_size": 32, "hist_len": 1, "sharing": "shared"},
+                    steps=1000, prioritized=True, priority_alpha=1.0)
+    env = make_env(config.env, config)
+    learners = LearnerSet(config, env, 1, False, [0], torch.device("cpu"))
+    replay = learners.groups[0].replay
+    cap = replay.capacity
+    frame = np.zeros(env.observation_space("left").shape, np.uint8)
+    for t in range(cap):  # stream 0 full, no episode end: transitions 0 .. cap-2 complete with priority 1
+        replay.add(0, frame, 0, 0.0, False, False)
+
+    class ActingWritesBetweenDrawAndUpdate:
+        """The replay lock of overlap mode; on its first release (after the draw) the actor writes cap entries."""
+
+        releases = 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.releases += 1
+            if self.releases == 1:
+                for _ in range(cap):
+                    replay.add(0, frame, 0, 0.0, False, False)
+
+    before = replay.tree.get(np.arange(cap)).copy()
+    learners.learn(step=500, replay_lock=ActingWritesBetweenDrawAndUpdate())
+    assert learners.groups[0].updates == 1
+    # every slot was rewritten after the draw: no leaf may carry the old transitions' priorities
+    np.testing.assert_array_equal(replay.tree.get(np.arange(cap)), before)
 
 
 def test_prioritized_memory_costs_at_most_16_bytes_per_transition():

@@ -16,7 +16,9 @@ import madqn
 from madqn.core.networks import DQN3ConvNet
 from madqn.cli.export import export_agents
 from madqn.training.checkpoint import safe_load
-from helpers import SMOKE, learner_update as _update, play_side_by_side, random_batch as _batch, read_csv
+from madqn.core.learner import describe_precision
+from helpers import (SMOKE, learner_update as _update, play_side_by_side, random_batch as _batch, read_csv, switches,
+                     switches_during_update)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -50,6 +52,37 @@ def test_cuda_bf16_update_agrees_with_cuda_fp32():
     assert torch.nn.functional.cosine_similarity(change16, change32, dim=0) >= 0.99
     for p in learner.online_network.parameters():
         assert p.dtype == torch.float32 and p.is_cuda
+
+
+def test_cuda_update_runs_fp32_as_ieee_and_bf16_with_tf32_whatever_the_process_set():
+    """The forwards inside a CUDA update see IEEE fp32 (fp32 learner) or TF32 (bf16 learner) whatever the
+    process had set; the process's switches are back afterwards. An fp32 update under a process-wide TF32
+    setting still equals the CPU update up to rounding (TF32 would be ~1e-3 apart)."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    before = switches()
+    try:
+        for setting in (("tf32", "tf32"), ("ieee", "ieee")):
+            matmul.fp32_precision, conv.fp32_precision = setting
+            assert switches_during_update("cuda", "fp32") == ({("ieee", "ieee")}, setting)
+            assert switches_during_update("cuda", "bf16") == ({("tf32", "tf32")}, setting)
+        matmul.fp32_precision, conv.fp32_precision = "tf32", "tf32"
+        torch.manual_seed(0)
+        net = DQN3ConvNet(6, 4, n_agents=2)
+        _, cpu, _ = _update(net, "fp32", _batch(0), device="cpu")
+        _, gpu, _ = _update(net, "fp32", _batch(0), device="cuda")
+        torch.testing.assert_close(gpu["delta"], cpu["delta"], rtol=0, atol=1e-5)
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = before
+
+
+def test_auto_precision_is_bf16_exactly_on_gpus_with_bf16_tensor_cores():
+    """Asked of each GPU by its device object; the current device stays as it was."""
+    current = torch.cuda.current_device()
+    for index in range(torch.cuda.device_count()):
+        native = torch.cuda.get_device_capability(index)[0] >= 8
+        resolved, why = describe_precision("auto", torch.device(f"cuda:{index}"))
+        assert resolved == ("bf16" if native else "fp32") and why.startswith("auto: "), (index, why)
+        assert torch.cuda.current_device() == current
 
 
 def test_pong_run_on_cuda_resumes_and_its_export_plays_on_the_cpu(tmp_path):

@@ -58,13 +58,50 @@ def test_apex_epsilons_hand_computed():
     assert apex_epsilons(2, eps=0.5, alpha=1.0) == pytest.approx([0.5, 0.25])
 
 
-def test_apex_epsilons_reach_actors():
-    cfg = Config(**TINY, steps=64, actors=3, actor_epsilons="apex")
-    trainer = DistributedTrainer(cfg, pool="inline")
+def test_apex_run_logs_the_epsilon_each_actor_acted_with(tmp_path):
+    """Issue 30 E2: with actor_epsilons = "apex" each episodes.csv row carries the epsilon of the actor that
+    played it, as that actor reports it (Ray actor processes), and train.csv / train/epsilon the mean of the
+    actors' epsilons; not DQN3.0's schedule (0.99... here), which no actor acted with."""
+    from madqn.training.metrics import MetricsHook
+    from helpers import read_csv
+
+    class Scalars(Hook):
+        def __init__(self):
+            self.epsilons = []
+
+        def on_scalars(self, trainer, step, scalars):
+            self.epsilons += [scalars["train/epsilon"]] if "train/epsilon" in scalars else []
+
+    class BothActorsPlay(Hook):
+        """Until each actor has delivered a batch, wait for the other's outstanding ones after each step (on a
+        loaded machine one actor could otherwise finish the run alone while the other starts up)."""
+
+        def on_step(self, trainer):
+            for actor in (0, 1):
+                if actor not in trainer.acting.incarnations:
+                    refs = [ref for ref, a in trainer.pool.pending.items() if a == actor]
+                    trainer.pool.ray.wait(refs, num_returns=len(refs), timeout=120)
+
+    scalars = Scalars()
+    cfg = Config(**{**TINY, "learn_start": 1000, "prog_freq": 64, "rollout_len": 16}, steps=160, actors=2,
+                 sharing="shared", actor_epsilons="apex", backend="ray")
+    trainer = DistributedTrainer(cfg, hooks=[MetricsHook(tmp_path), scalars, BothActorsPlay()])
     try:
-        assert [a.epsilon() for a in trainer.pool.actors] == pytest.approx(apex_epsilons(3))
+        trainer.run()
+        acted = trainer.pool.ray.get([h.epsilon.remote() for h in trainer.pool.handles])  # asked of the actors
     finally:
         trainer.close()
+    assert acted[0] > 0.3 > 0.001 > acted[1]
+    rows = read_csv(tmp_path / "episodes.csv")
+    assert {int(r["env"]) for r in rows} == {0, 1}  # both actors' episodes (one env copy each)
+    for r in rows:
+        assert float(r["epsilon"]) == pytest.approx(acted[int(r["env"])], abs=1e-6), r
+    mean = sum(acted) / 2
+    logged = [float(r["epsilon"]) for r in read_csv(tmp_path / "train.csv")]
+    assert logged and logged == pytest.approx([mean] * len(logged), abs=1e-6)
+    assert scalars.epsilons and scalars.epsilons == pytest.approx([mean] * len(scalars.epsilons))
+    assert trainer.epsilon() == pytest.approx(mean)  # what the progress display shows
+    assert not ray_processes()
 
 
 def _stream_entries(replay, stream, n):
@@ -249,3 +286,60 @@ def test_ray_actors_draw_random_seats_and_the_learner_records_them():
     assert 0.3 < sum(map(bool, drawn)) / len(drawn) < 0.7
     assert {seats[0] for seats in drawn if seats} == {"left", "right"}
     assert not ray_processes()
+
+
+def test_lost_ray_actor_gets_max_in_flight_batches_again_and_a_dead_one_stops_the_run_in_one_line(
+        capfd, monkeypatch):
+    """Issue 30 E7, on a cluster without task retries (Ray's max_task_retries = 0): a killed actor's outstanding
+    batches fail (ActorLost) while Ray restarts it; the learner must give it max_in_flight batches again, not one.
+    An actor that stays dead (killed without restart) must stop the run with one clear error after a few
+    tries, not loop printing a line per try."""
+    from madqn.errors import MadqnError
+    from madqn.training.distributed import RayPool
+
+    monkeypatch.setattr(RayPool, "task_retries", 0)
+
+    class KillThenKillForGood(Hook):
+        def __init__(self):
+            self.killed_pid = None
+            self.in_flight_after_loss = []
+            self.dead = False
+
+        def on_step(self, trainer):
+            pool = trainer.pool
+            if self.killed_pid is None and trainer.step >= 100:
+                self.killed_pid = pool.pids()[0]
+                os.kill(self.killed_pid, signal.SIGKILL)
+            elif self.killed_pid is not None and trainer.acting.actor_restarts and not self.dead:
+                self.in_flight_after_loss.append(pool.in_flight(0))
+                if self.in_flight_after_loss.count(trainer.config.max_in_flight) >= 3:
+                    pool.ray.kill(pool.handles[0], no_restart=True)
+                    self.dead = True
+
+    hook = KillThenKillForGood()
+    cfg = Config(**{**TINY, "rollout_len": 16}, steps=100_000, actors=2, sharing="shared", backend="ray")
+    trainer = DistributedTrainer(cfg, hooks=[hook])
+    try:
+        with pytest.raises(MadqnError, match=r"actor 0 was lost 3 times in a row without delivering a batch"):
+            trainer.run()
+    finally:
+        trainer.close()
+    assert cfg.max_in_flight in hook.in_flight_after_loss and hook.dead
+    err = capfd.readouterr().err
+    assert err.count("actor 0 was lost") <= 3, err
+    assert not ray_processes()
+
+
+def test_ray_run_that_fails_to_start_after_its_actors_exist_shuts_ray_down():
+    """Issue 30 E7: a replay too large for the machine is refused after the actor pool started: Ray must not
+    be left running (this process started it)."""
+    from madqn.errors import MadqnError
+
+    cfg = Config(**{**TINY, "replay_memory": 10**12}, steps=100, actors=1, backend="ray")
+    try:
+        with pytest.raises(MadqnError, match="the replay memory needs"):
+            DistributedTrainer(cfg)
+        assert not ray.is_initialized()
+        assert not ray_processes()
+    finally:
+        ray.shutdown()

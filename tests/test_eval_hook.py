@@ -48,6 +48,30 @@ def test_validation_statistics_match_a_per_sample_computation():
         assert torch.equal(again.states, valid.states) and torch.equal(again.actions, valid.actions)
 
 
+@pytest.mark.parametrize("double, precision", [(True, "fp32"), (False, "bf16"), (True, "bf16")])
+def test_validation_td_error_and_v_equal_the_learners_own_on_the_same_batch(double, precision):
+    """valid.csv's TD error and V are the learner's: Double DQN's bootstrap and the learner's precision, the
+    same computation ``Learner.update`` makes (its delta and q2_max, before its optimizer step)."""
+    from madqn.core.learner import Learner
+    from madqn.evaluation.eval_hook import ValidationSet
+    from helpers import random_batch
+
+    torch.manual_seed(3)
+    learner = Learner(DQN3ConvNet(6, 4, n_agents=2), lr=2.5e-4, lr_end=2.5e-4, lr_endt=1, learn_start=0,
+                      discount=0.99, clip_delta=1.0, rescale_r=True, r_max=1.0, weight_cost=0.0, device="cpu",
+                      double=double, precision=precision)
+    with torch.no_grad():  # online and target differ, so that Double DQN's bootstrap differs from DQN's
+        for p in learner.online_network.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    states, actions, rewards, next_states, terminals, ids = random_batch(7, batch=32)
+    valid = ValidationSet(states, actions, rewards, next_states, terminals, ids, None)
+    v, td = validation_statistics(learner, valid, chunk=32)
+    stats = learner.update(states, actions, rewards, next_states, terminals, agent_ids=ids)
+    assert td == pytest.approx(stats["delta"].abs().double().mean().item(), rel=1e-6)
+    assert v == pytest.approx(stats["q2_max"].item(), rel=1e-6)
+    assert 0 < (stats["delta"].abs() < 1).sum() < 32  # unclipped rows carry the bootstrap value
+
+
 def test_unit_activity_and_q_spread_match_a_direct_computation_and_see_a_dead_layer():
     """DQN3ConvNet.unit_activity against the layers applied one by one; a dead conv3 gives activity 0 there and a
     Q spread of exactly 0 across states (network_health), a live network neither."""

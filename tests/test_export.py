@@ -112,3 +112,41 @@ def test_corrupt_or_foreign_export_is_one_line_and_exit_2(runs, tmp_path, capsys
         err = capsys.readouterr().err
         assert err.startswith("madqn: error: ") and err.count("\n") == 1 and cases[bad] in err, err
     assert not (tmp_path / "again.pt").exists()
+
+
+def test_export_never_writes_over_its_source_or_an_existing_file_without_force(runs, tmp_path, capsys):
+    """Issue 30 E1: ``--out`` naming the source (directly, through a symlink or a hard link) is refused even with
+    ``--force``; any other existing file is refused without ``--force`` and replaced with it."""
+    import os
+    import shutil
+
+    checkpoints = tmp_path / "run" / "checkpoints"
+    shutil.copytree(runs["shared"], tmp_path / "run")
+    source = checkpoints / "latest.pt"
+    original = source.read_bytes()
+    link = tmp_path / "link.pt"
+    link.symlink_to(source)
+    hard = tmp_path / "hard.pt"
+    os.link(source, hard)
+    for argv in (["export", str(source), "--out", str(source)],
+                 ["export", str(tmp_path / "run"), "--out", str(source), "--force"],
+                 ["export", str(source), "--out", str(checkpoints / ".." / "checkpoints" / "latest.pt"), "--force"],
+                 ["export", str(source), "--out", str(link), "--force"],
+                 ["export", str(link), "--out", str(hard), "--force"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("madqn: error: ") and err.count("\n") == 1 and "its own source" in err, err
+    assert source.read_bytes() == original and link.is_symlink()
+    assert safe_load(source)["kind"] == "madqn-trainer"  # the run can still resume
+
+    existing = tmp_path / "existing.pt"
+    existing.write_text("keep me\n")
+    assert main(["export", str(source), "--out", str(existing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("madqn: error: ") and err.count("\n") == 1 and "--force" in err, err
+    assert existing.read_text() == "keep me\n"
+    with pytest.raises(madqn.MadqnError, match="already exists"):
+        export_agents(source, existing)
+    assert main(["export", str(source), "--out", str(existing), "--force"]) == 0
+    assert safe_load(existing, kind=AGENTS_KIND)["step"] == 120
+    export_agents(source, existing, force=True)  # the API spells it the same way

@@ -1,6 +1,8 @@
 """The trained agents committed in models/: small enough, loadable weights-only, and better than random play."""
 
 import json
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,9 +20,47 @@ MARGINS = {"boxing_v2_independent.pt": 20.0, "boxing_v2_shared.pt": {"second_0":
            "pong_v3_shared.pt": 5.0, "pong_v3_independent.pt": 10.0}
 
 
-def test_the_repository_ships_trained_models_each_with_a_margin():
-    assert MODELS, "models/ holds no model"
-    assert {m.name for m in MODELS} == set(MARGINS), "every committed model needs its margin here"
+def readme_models() -> dict[str, dict[str, str]]:
+    """The README's table of trained agents: file name -> game, description, config file, seed, agent steps."""
+    rows = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        m = re.match(r"\| `models/(\S+\.pt)` \| ([^,|]+)(, [^|]*)? \| `(configs/\S+\.toml)`, seed (\d+)[^|]*\| ([\d,]+) \(", line)
+        if m:
+            name, game, description, config, seed, steps = m.groups()
+            rows[name] = {"game": game, "description": description or "", "config": config, "seed": int(seed),
+                          "steps": int(steps.replace(",", ""))}
+    return rows
+
+
+def test_the_models_are_what_the_readme_table_says():
+    """Each models/*.pt loaded as madqn loads it: the README table's game, network sharing, config file, seed and
+    agent steps, and agents and action counts that fit the real env (one row per file, a margin per file)."""
+    from madqn.api import RESUME_SAFE_KEYS
+    from madqn.envs.adapters import make_env
+    from madqn.evaluation.agents import load_agents, load_checkpoint
+
+    table = readme_models()
+    assert MODELS and set(table) == {m.name for m in MODELS} == set(MARGINS)
+    for model in MODELS:
+        row = table[model.name]
+        state, config = load_checkpoint(model)
+        agents = load_agents(model)
+        assert config.env == row["game"] and config.seed == row["seed"] and state["step"] == row["steps"], model.name
+        trained_with = tomllib.loads((ROOT / row["config"]).read_text())
+        assert {k: v for k, v in trained_with.items() if k not in RESUME_SAFE_KEYS} == \
+            {k: getattr(config, k) for k in trained_with if k not in RESUME_SAFE_KEYS}, model.name
+        shared = "one shared network" in row["description"]
+        assert config.sharing == ("shared" if shared else "independent"), model.name
+        networks = {id(n) for n in agents.networks.values()}
+        assert len(networks) == (1 if shared else len(agents.possible_agents)), model.name
+        if "one network per" in row["description"]:
+            assert len(agents.possible_agents) >= 2
+        env = make_env(config.env, config, convert=False)
+        try:
+            agents.check_env(env, source=model.name)  # the env's agents and each one's action count
+        finally:
+            env.close()
+        assert all(n == env.action_space(a).n for a, n in agents.n_actions.items())
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda p: p.name)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -51,18 +50,20 @@ def test_background_learner_error_reaches_the_actor():
 
 class PlaysAVideo(Hook):
     """At step ``at`` takes the networks a training video plays (``Agents.from_trainer``, as ``VideoHook``
-    does), and copies their weights at the start of the "video" and after it played for a while."""
+    does), and notes whether a learning round is still queued or running then (the learner thread would be
+    changing the weights while the video plays); copies the weights at the start and at the end of the video."""
 
     def __init__(self, at: int):
         self.at = at
         self.start = self.end = None
+        self.rounds_in_flight = None
 
     def on_step(self, trainer):
         if trainer.step == self.at:
             agents = Agents.from_trainer(trainer, seed=0)
             network = agents.networks[trainer.agents[0]]
             self.start = [p.detach().clone() for p in network.parameters()]
-            time.sleep(0.3)  # the episode being recorded
+            self.rounds_in_flight = trainer.background._requests.unfinished_tasks
             self.end = [p.detach().clone() for p in network.parameters()]
 
 
@@ -77,5 +78,6 @@ def test_overlap_video_plays_one_set_of_weights():
     with Trainer(cfg, hooks=[video]) as trainer:
         trainer.run()
     assert video.start is not None
+    assert video.rounds_in_flight == 0  # settled: nothing can change the weights until the next step
     for a, b in zip(video.start, video.end):
         assert torch.equal(a, b)

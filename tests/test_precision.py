@@ -6,16 +6,13 @@ norm, cosine >= 0.996): clipped deltas and q2_max within 2e-3 (|Q| is ~0.1 at in
 significant bits), the weight change of one DQN3RMSprop step within 20% relative norm and cosine >= 0.99.
 """
 
-import contextlib
-
 import pytest
 import torch
 
-import madqn.core.learner
 from madqn import cli
 from madqn.core.learner import Learner, cuda_fp32_precision, describe_precision
 from madqn.core.networks import DQN3ConvNet
-from helpers import ROOT, learner_update as _update, random_batch as _batch
+from helpers import ROOT, learner_update as _update, random_batch as _batch, switches, switches_during_update
 
 LR = 2.5e-4
 
@@ -62,14 +59,17 @@ def test_bf16_targets_equal_q_targets_of_the_bf16_q_values():
     torch.testing.assert_close(out["delta"], expected, rtol=0, atol=1e-6)
 
 
-def test_cpu_update_never_touches_the_cuda_switches(monkeypatch):
-    def refuse(mode):
-        raise AssertionError("cuda_fp32_precision entered on CPU")
-
-    monkeypatch.setattr(madqn.core.learner, "cuda_fp32_precision", refuse)
-    torch.manual_seed(0)
-    for precision in ("fp32", "bf16"):
-        _update(DQN3ConvNet(6, 4, n_agents=2), precision, _batch(0, batch=4))
+def test_cpu_update_leaves_the_cuda_switches_alone():
+    """The TF32 switches are process-global: a CPU learner neither reads nor sets them (the acting forwards
+    of another thread run under whatever the process has)."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    before = switches()
+    try:
+        matmul.fp32_precision, conv.fp32_precision = "tf32", "ieee"  # a setting no learner would choose
+        for precision in ("fp32", "bf16"):
+            assert switches_during_update("cpu", precision) == ({("tf32", "ieee")}, ("tf32", "ieee"))
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = before
 
 
 def test_cuda_fp32_precision_sets_and_restores_the_tf32_switches():
@@ -112,16 +112,56 @@ def test_cli_precision_auto_is_resolved_in_the_first_line_and_the_config(tmp_pat
     assert bad.value.code == 2 and "invalid choice: 'fp16'" in capsys.readouterr().err
 
 
-def test_on_cuda_the_update_asks_for_ieee_fp32_or_tf32_by_precision(monkeypatch):
-    """The dispatch only (no GPU here): a learner on a CUDA device enters cuda_fp32_precision with 'ieee'
-    for fp32 and 'tf32' for bf16."""
-    seen = []
-    monkeypatch.setattr(madqn.core.learner, "cuda_fp32_precision",
-                        lambda mode: seen.append(mode) or contextlib.nullcontext())
-    for precision in ("fp32", "bf16"):
-        learner = Learner(DQN3ConvNet(6), lr=LR, lr_end=LR, lr_endt=1, learn_start=0, discount=0.99, clip_delta=1.0,
-                          rescale_r=True, r_max=1.0, weight_cost=0.0, device="cpu", precision=precision)
-        learner.device = torch.device("cuda")
-        with learner._device_precision():
-            pass
-    assert seen == ["ieee", "tf32"]
+class TwoGpuBox:
+    """What torch.cuda reports on a machine with a Turing GPU (sm_75: bf16 only emulated) as cuda:0 and a
+    Hopper GPU (sm_90: bf16 tensor cores) as cuda:1. This machine has no GPU, let alone two kinds; the
+    functions torch's own ``is_bf16_supported`` reads are replaced, and it runs as it would there."""
+
+    capability = {0: (7, 5), 1: (9, 0)}
+
+    def __init__(self, monkeypatch, current):
+        self.current = current
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(cuda, "get_device_properties",
+                            lambda d=None: type("Props", (), {"major": self.capability[self._index(d)][0]})())
+        monkeypatch.setattr(cuda, "get_device_capability", lambda d=None: self.capability[self._index(d)])
+        monkeypatch.setattr(cuda, "_check_bf16_tensor_supported", lambda d=None: True)  # emulation works
+        monkeypatch.setattr(cuda, "device", self._device)
+        monkeypatch.setattr(torch.version, "hip", None)
+
+    def _index(self, d):
+        if d is None:
+            return self.current
+        d = torch.device(d) if not isinstance(d, int) else d
+        return d if isinstance(d, int) else (self.current if d.index is None else d.index)
+
+    def _device(self, d):
+        box = self
+
+        class Selected:
+            def __enter__(self):
+                self.saved, box.current = box.current, box._index(d)
+
+            def __exit__(self, *exc):
+                box.current = self.saved
+
+        return Selected()
+
+
+@pytest.mark.parametrize("current", [0, 1])
+def test_auto_precision_asks_the_learners_gpu_for_native_bf16_not_emulated(monkeypatch, current):
+    """precision = "auto" picks bf16 only on a GPU with bf16 tensor cores, asked on the learner's device
+    (not whichever device is current): on a Turing GPU bf16 is emulated, slower than fp32."""
+    box = TwoGpuBox(monkeypatch, current)
+    assert describe_precision("auto", torch.device("cuda:0"))[0] == "fp32"
+    assert describe_precision("auto", torch.device("cuda:1")) == ("bf16", "auto: this GPU has bf16 tensor cores")
+    assert describe_precision("auto", torch.device("cuda"))[0] == ("bf16" if current == 1 else "fp32")
+    assert box.current == current  # the current device is left as it was
+
+
+def test_auto_precision_on_a_cuda_device_without_cuda_is_fp32():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert describe_precision("auto", torch.device("cuda:1")) == ("fp32", "auto: no native bf16 on cuda")

@@ -13,6 +13,7 @@ from madqn.config import make_config
 from madqn.envs.adapters import make_env
 from madqn.training.trainer import Trainer
 from madqn.envs.vecenv import EnvWorkerError, WorkerEnv, make_envs
+from madqn.errors import MadqnError
 
 from test_train import SMOKE
 
@@ -177,3 +178,87 @@ def test_cli_reports_a_worker_crash_in_one_line(tmp_path, madqn_cli):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "env copy" in lines[0] and "emulator exploded at step 3" in lines[0], proc.stderr
+
+
+CHILDREN_AFTER_MAIN = """
+import pathlib, sys
+from madqn.cli import main
+code = main(sys.argv[1:])
+children = [c for t in pathlib.Path('/proc/self/task').iterdir() for c in (t / 'children').read_text().split()]
+print(f'children {len(children)}')
+sys.exit(code)
+"""
+
+
+def test_env_copies_that_cannot_fit_in_memory_are_refused_before_any_worker_starts(tmp_path, madqn_cli):
+    """Issue 30 E9: 100,000 pong_v3 copies spawned workers until the kernel killed the run. Refused in one line
+    before the first worker (no child process at all: not even the forkserver that would start them)."""
+    import subprocess
+    import sys
+
+    cmd, env = madqn_cli()
+    proc = subprocess.run([sys.executable, "-c", CHILDREN_AFTER_MAIN, "train", "--env", "pong_v3", "--steps", "10",
+                           "--run-dir", str(tmp_path / "run"), "--set", "num_envs=100000"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("madqn: error: "), proc.stderr
+    assert "num_envs = 100000" in proc.stderr and "GB" in proc.stderr and "lower num_envs" in proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "children 0"
+    assert not (tmp_path / "run").exists()
+
+
+def test_env_copies_check_warns_where_workers_far_exceed_the_cores():
+    from madqn.envs.vecenv import WORKER_MEMORY
+    from madqn.training.trainer import check_env_copies
+
+    assert check_env_copies(8, cores=2, available=10**12) is None
+    warning = check_env_copies(9, cores=2, available=10**12)
+    assert warning.startswith("madqn: warning: 9 env worker processes on 2 cores") and "\n" not in warning
+    assert check_env_copies(64, cores=16, available=10**12) is None
+    assert check_env_copies(10, cores=2, available=None) is not None  # memory unknown: no refusal, still the warning
+    with pytest.raises(MadqnError, match=r"num_envs = 10 worker processes need about .* GB"):
+        check_env_copies(10, cores=64, available=10 * WORKER_MEMORY - 1)
+    assert check_env_copies(10, cores=64, available=10 * WORKER_MEMORY) is None
+
+
+def test_steps_not_a_multiple_of_num_envs_round_up_once_with_a_line(tmp_path, capsys):
+    """One step of the env copies counts num_envs agent steps: --steps 10 with 4 copies trains 12, says so
+    before it starts, and config.toml records 12 (the progress never reads 12/10)."""
+    from madqn.cli import main
+    from helpers import ROOT, read_csv
+
+    run_dir = tmp_path / "run"
+    assert main(["train", "--env", f"{ROOT / 'tests' / 'tiny_catch.py'}:make", "--steps", "10", "--run-dir",
+                 str(run_dir), "--set", "num_envs=4", "--set", "vector_env='inline'", "--set", "learn_start=4",
+                 "--set", "final_eval_episodes=0", "--set", "prog_freq=4", "--set", "num_threads=1"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "rounded up" in line]
+    assert lines == ["madqn train: steps = 10 is not a multiple of num_envs = 4 (one step of the 4 env copies is "
+                     "4 agent steps): rounded up to 12"], out
+    assert out.index("rounded up") < out.index("12 agent steps -> ")  # before the run starts
+    assert "steps = 12" in (run_dir / "config.toml").read_text()
+    assert "/12 (100%)" in out and "/10 " not in out
+    assert "done: 12 agent steps" in out
+
+
+def test_a_trainer_whose_learner_set_fails_closes_its_env_workers(monkeypatch):
+    """Issue 30 E7: the learner set raising (here: a replay too large for the machine) must not leave the
+    env worker processes running."""
+    from madqn.envs import vecenv
+
+    started = []
+    original = vecenv.WorkerEnv.__init__
+
+    def record(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        started.append(self)
+
+    cfg = make_config(None, {"env": "pong_v3", "num_envs": 2, "vector_env": "process", "replay_memory": 10**12,
+                             "device": "cpu"})
+    monkeypatch.setattr(vecenv.WorkerEnv, "__init__", record)  # the real workers, recorded as they start
+    with pytest.raises(MadqnError, match="the replay memory needs"):
+        Trainer(cfg)
+    assert len(started) == 2
+    for env in started:
+        env._process.join(timeout=5)
+    assert all(not env._process.is_alive() for env in started), [env._process.pid for env in started]

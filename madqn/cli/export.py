@@ -14,6 +14,7 @@ It loads wherever a checkpoint does: ``madqn eval FILE``, ``madqn video FILE``,
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,10 +62,38 @@ def agents_state(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def export_agents(source: str | Path, out: str | Path, checkpoint: str = "latest") -> ExportResult:
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: equal resolved paths, or (both existing) one inode (hard links)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (or cannot be examined): not the same existing file
+        return False
+
+
+def check_destination(source: Path, out: Path, force: bool = False) -> None:
+    """Refuse (``MadqnError``, one line) an ``out`` that is ``source`` itself, even with ``force``: replacing a
+    trainer checkpoint with its agents would end the run's ability to resume; and an existing ``out`` without
+    ``force``."""
+    if _same_file(source, out):
+        raise MadqnError(f"--out {out} is the checkpoint being exported (its own source); write the agents to another file")
+    if out.is_dir():
+        raise MadqnError(f"--out {out} is a directory; give a file name such as {out / 'agents.pt'}")
+    if (out.exists() or out.is_symlink()) and not force:
+        raise MadqnError(f"--out {out} already exists; give another name, or --force to replace it")
+
+
+def export_agents(source: str | Path, out: str | Path, checkpoint: str = "latest",
+                  force: bool = False) -> ExportResult:
     """Write ``source``'s agents (a run directory's ``checkpoints/<checkpoint>.pt``, or a checkpoint or
-    export file) to ``out`` as a ``madqn-agents`` file; raises ``MadqnError`` with one line on bad input."""
+    export file) to ``out`` as a ``madqn-agents`` file; raises ``MadqnError`` with one line on bad input.
+
+    ``out`` is never the source file (by resolved path, symlink or hard link) and never an existing file
+    unless ``force``."""
     file = checkpoint_file(source, checkpoint)
+    out = Path(out)
+    check_destination(file, out, force)
     state = safe_load(file, kind=PLAY_KINDS)
     if "observation_specs" not in state:
         raise CheckpointError(f"{file} predates stored observation specs; it cannot be exported")
@@ -73,9 +102,6 @@ def export_agents(source: str | Path, out: str | Path, checkpoint: str = "latest
     except (KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"refusing to export {file}: entry {e} is missing or malformed") from None
     Agents.from_state(exported, source=str(file))  # the networks must load as madqn eval will load them
-    out = Path(out)
-    if out.is_dir():
-        raise MadqnError(f"--out {out} is a directory; give a file name such as {out / 'agents.pt'}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_save(exported, out)
@@ -95,13 +121,15 @@ def _export(sub: argparse._SubParsersAction) -> None:
                     "action offsets to one file: no optimizer, target network or replay memory. The file loads "
                     "with 'madqn eval FILE', 'madqn video FILE' and madqn.load_agents(FILE).")
     p.add_argument("run", metavar="RUN_DIR|CHECKPOINT", help="run directory or checkpoint file")
-    p.add_argument("--out", required=True, metavar="FILE.pt", help="the file to write (its folder is created)")
+    p.add_argument("--out", required=True, metavar="FILE.pt",
+                   help="the file to write (its folder is created); never the source checkpoint")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists (never the source)")
     add_checkpoint_option(p)
     p.set_defaults(func=run_export)
 
 
 def run_export(args: argparse.Namespace) -> int:
-    result = export_agents(args.run, args.out, args.checkpoint)
+    result = export_agents(args.run, args.out, args.checkpoint, force=args.force)
     networks = ", ".join(f"{name} ({', '.join(agents)})" for name, agents in result.groups.items())
     print(f"wrote {result.path}: {result.size / 1e6:.1f} MB, {result.parameters:,} fp32 weights, networks {networks}, "
           f"step {result.step:,}, from {result.source}")

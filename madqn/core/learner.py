@@ -217,7 +217,7 @@ def bf16_supported(device: torch.device) -> bool:
 def _bf16_support(device: torch.device) -> str | None:
     """What makes bf16 native on ``device`` (for the run's first line), or None."""
     if device.type == "cuda":
-        return "this GPU has bf16 tensor cores" if torch.cuda.is_bf16_supported() else None
+        return "this GPU has bf16 tensor cores" if _cuda_bf16_native(device) else None
     if device.type == "cpu":
         try:
             flags = set(open("/proc/cpuinfo").read().split())
@@ -226,6 +226,19 @@ def _bf16_support(device: torch.device) -> str | None:
         found = [name for flag, name in (("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16")) if flag in flags]
         return f"this CPU has {' and '.join(found)}" if found else None
     return None
+
+
+def _cuda_bf16_native(device: torch.device) -> bool:
+    """Whether the GPU ``device`` (the learner's, not whichever is current) has bf16 tensor cores. torch's
+    ``is_bf16_supported()`` asks the current device and, by default, counts emulation (pre-Ampere GPUs run
+    bf16 slower than fp32), so it is asked with ``including_emulation=False`` with ``device`` selected."""
+    if not torch.cuda.is_available():
+        return False
+    with torch.cuda.device(device):
+        try:
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:  # torch < 2.3: no including_emulation; native means compute capability >= 8.0
+            return torch.version.hip is not None or torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -372,8 +385,8 @@ class Learner:
 
     def _update(self, states, actions, rewards, next_states, terminals, agent_ids, next_action_masks, step,
                 discounts, weights) -> dict[str, Tensor]:
-        q_all, targets, delta, q2_max = self._forward(states, actions, rewards, next_states, terminals,
-                                                      self._ids(agent_ids), next_action_masks, discounts, weights)
+        q_all, targets, delta, q2_max = self._forward(states, actions, rewards, next_states, terminals, agent_ids,
+                                                      next_action_masks, discounts, weights)
         self.optimizer.zero_grad(set_to_none=True)
         # DQN3.0's injected output gradient in the output's dtype: under bf16, -targets rounded to bf16 (the
         # same as injecting fp32 -targets into q_all.float(), whose backward rounds it); .grad lands in fp32.
@@ -385,11 +398,30 @@ class Learner:
         q_sa = q_all.detach().float().gather(1, actions.long().view(-1, 1))
         return {"abs_delta": delta.abs().mean(), "q_mean": q_sa.mean(), "q2_max": q2_max.mean(), "delta": delta}
 
-    def _forward_targets(self, states, actions, rewards, next_states, terminals, ids, next_action_masks, discounts,
-                         weights) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """The forwards and DQN3.0's targets of one update: ``(q_all, targets, delta, q2_max)``, where q_all
-        (B, A) is Q(s, .) with its autograd graph and targets (B, A) the gradient to inject (weighted by the
-        importance weights of prioritized replay). ``compile = true`` runs this compiled."""
+    def _forward_targets(self, states, actions, rewards, next_states, terminals, agent_ids, next_action_masks,
+                         discounts, weights) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The forwards and DQN3.0's targets of one update (:meth:`_td`), the targets weighted by the importance
+        weights of prioritized replay: the gradient to inject. ``compile = true`` runs this compiled."""
+        q_all, targets, delta, q2_max = self._td(states, actions, rewards, next_states, terminals, agent_ids,
+                                                 next_action_masks, discounts)
+        if weights is not None:
+            targets = targets * weights.to(targets.dtype).view(-1, 1)
+        return q_all, targets, delta, q2_max
+
+    def td_error(self, states: Tensor, actions: Tensor, rewards: Tensor, next_states: Tensor, terminals: Tensor,
+                 agent_ids: Tensor | None = None, next_action_masks: Tensor | None = None,
+                 discounts: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(delta_B, q2_max_B)`` exactly as ``update`` computes them (same networks, Double DQN, precision),
+        without a gradient or an optimizer step: DQN3.0's validation statistics (V, TD error)."""
+        with self._device_precision(), torch.no_grad():
+            _, _, delta, q2_max = self._td(states, actions, rewards, next_states, terminals, agent_ids,
+                                           next_action_masks, discounts)
+        return delta, q2_max
+
+    def _td(self, states, actions, rewards, next_states, terminals, agent_ids, next_action_masks, discounts):
+        """The one TD computation of ``update`` and ``td_error``: ``(q_all, targets, delta, q2_max)`` with
+        Q(s, .) of the online network (differentiable unless the caller disabled autograd)."""
+        ids = self._ids(agent_ids)
         with self._autocast():
             with torch.no_grad():
                 q2_all = (self.target_network if self.use_target else self.online_network)(next_states, ids)
@@ -410,8 +442,6 @@ class Learner:
             next_action_mask=next_action_masks,
             q2_online=None if q2_online is None else q2_online.float(),
         )
-        if weights is not None:
-            targets = targets * weights.to(targets.dtype).view(-1, 1)
         return q_all, targets, delta, q2_max
 
     def sync_target(self) -> None:

@@ -19,8 +19,18 @@ class SumTree:
     ``size`` the next power of two >= n_leaves (padding leaves stay 0). A parent is always RECOMPUTED
     as the sum of its two children (never incremented), so float32 rounding cannot accumulate over a
     run. Memory: 2 * size * 4 bytes, at most 16 bytes per leaf (8 when n_leaves is a power of two).
-    Sampling (``find``) and updates (``set``) touch one root-to-leaf path per item: O(log n).
+
+    Writes are deferred: ``set`` / ``set_one`` store the leaves at once and remember them; the sums on
+    their paths are recomputed, bottom-up and each shared ancestor once, when a sum is next read
+    (``total``, ``find``, ``sample``, ``nodes``, ``flush``). The replay writes two leaves per ``add`` and
+    reads sums only when it samples, so an ``add`` costs two array stores instead of two root-to-leaf
+    walks. Each sum is recomputed from its children after they are final, so the tree is bit for bit
+    the one an immediate walk per write gives (and one built from scratch from the same leaves).
     """
+
+    # at most this many pending leaves are propagated by a plain loop over their distinct ancestors;
+    # more go level by level through numpy (a few array operations per level, whatever their number)
+    _LOOP_MAX = 16
 
     def __init__(self, n_leaves: int):
         if n_leaves < 1:
@@ -28,42 +38,76 @@ class SumTree:
         self.n_leaves = int(n_leaves)
         self.size = 1 << (self.n_leaves - 1).bit_length()
         self.depth = self.size.bit_length() - 1  # edges from the root to a leaf
-        self.nodes = np.zeros(2 * self.size, dtype=np.float32)
+        self._nodes = np.zeros(2 * self.size, dtype=np.float32)
+        self._pending: set[int] = set()  # node numbers of leaves written since the sums were last recomputed
+
+    @property
+    def nodes(self) -> np.ndarray:
+        """The whole tree (sums up to date): node k at ``nodes[k]``, leaves from ``nodes[size]``."""
+        self.flush()
+        return self._nodes
 
     @property
     def total(self) -> float:
-        return float(self.nodes[1])
+        self.flush()
+        return float(self._nodes[1])
 
     def get(self, leaves) -> np.ndarray:
-        return self.nodes[self.size + np.asarray(leaves, dtype=np.int64)]
+        return self._nodes[self.size + np.asarray(leaves, dtype=np.int64)]
 
     def set(self, leaves, values) -> None:
-        """Set leaf priorities and recompute the sums on their paths to the root (level by level)."""
+        """Set leaf priorities (the sums above them follow on the next read)."""
         idx = self.size + np.asarray(leaves, dtype=np.int64).ravel()
-        self.nodes[idx] = np.asarray(values, dtype=np.float32).ravel()
-        for _ in range(self.depth):
-            # a node repeated in idx is written twice with the same sum of its (already final) children
-            idx = idx >> 1
-            self.nodes[idx] = self.nodes[2 * idx] + self.nodes[2 * idx + 1]
+        self._nodes[idx] = np.asarray(values, dtype=np.float32).ravel()
+        self._pending.update(idx.tolist())
 
     def set_one(self, leaf: int, value: float) -> None:
-        """``set`` for one leaf without numpy array overhead (called once per replay write)."""
-        nodes = self.nodes
+        """``set`` for one leaf without numpy array overhead (called twice per replay write)."""
         k = self.size + int(leaf)
-        nodes[k] = value
-        k >>= 1
-        while k:
-            nodes[k] = nodes[2 * k] + nodes[2 * k + 1]
-            k >>= 1
+        self._nodes[k] = value
+        self._pending.add(k)
+
+    def flush(self) -> None:
+        """Recompute the sums above the leaves written since the last flush, each from its two children."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = set()
+        nodes = self._nodes
+        if len(pending) <= self._LOOP_MAX:
+            # Python floats through a memoryview: a float32 sum rounded from double equals numpy's float32 sum
+            view = memoryview(nodes)
+            level = pending
+            for _ in range(self.depth):
+                level = {k >> 1 for k in level}
+                for k in level:
+                    view[k] = view[2 * k] + view[2 * k + 1]
+            return
+        idx = np.fromiter(pending, dtype=np.int64, count=len(pending))
+        width = self.size  # number of nodes on idx's level
+        while width > 1:
+            width >>= 1  # the parent level: nodes width .. 2 * width - 1
+            if width <= 4 * len(idx):
+                break  # this level and those above are small: recompute them whole (below)
+            # a node repeated in idx is written twice with the same sum of its (already final) children
+            idx >>= 1
+            left = idx << 1
+            nodes[idx] = nodes[left] + nodes[left | 1]
+        else:
+            return
+        while width >= 1:
+            nodes[width:2 * width] = nodes[2 * width:4 * width:2] + nodes[2 * width + 1:4 * width:2]
+            width >>= 1
 
     def find(self, targets: np.ndarray) -> np.ndarray:
         """For each target t in [0, total): the leaf i with prefix(i) <= t < prefix(i) + p_i, where
         prefix(i) is the sum of the leaves before i. Vectorised descent, O(len(targets) log n)."""
+        self.flush()
         t = np.asarray(targets, dtype=np.float64).copy()
         idx = np.ones(len(t), dtype=np.int64)
         for _ in range(self.depth):
             left = 2 * idx
-            left_sum = self.nodes[left]
+            left_sum = self._nodes[left]
             right = t >= left_sum
             t -= np.where(right, left_sum, 0.0)
             idx = left + right

@@ -91,6 +91,8 @@ class Batch:
     streams: np.ndarray  # (B,) int64, stream each sample came from
     next_action_masks: np.ndarray | None  # (B, n_actions) bool legal actions at s2, None if not stored
     indices: np.ndarray  # (B,) int64, position j (newest frame of s) inside its stream
+    entries: np.ndarray  # (B,) int64, which entry of its stream j is (its write count): names the transition
+    # after its position is reused
     discounts: np.ndarray | None = None  # (B,) float32 discount**k of an n-step return (0 after a terminal); None: 1-step
     weights: np.ndarray | None = None  # (B,) float32 importance weights (prioritized replay), None: uniform
 
@@ -128,7 +130,8 @@ class ReplayMemory:
     Prioritized (``prioritized``): one SumTree leaf per entry (stream * capacity + position) holds
     the priority of the transition at that entry: 0 until its successor is written (and forever for
     a final frame), then the largest priority so far, then (|clipped delta| + eps) ** alpha after
-    each update (``update_priorities``). ``sample`` draws leaves proportionally (stratified), still
+    each update (``update_priorities``, given the batch's ``entries``: a transition whose position was
+    written again since the draw keeps its own priority). ``sample`` draws leaves proportionally (stratified), still
     rejecting indices that break the validity rule (their leaf is set to 0: after the wrap-around a
     history can only lose more of its frames, never regain them).
     """
@@ -394,15 +397,23 @@ class ReplayMemory:
         batch.weights = importance_weights(tree.get(leaves) / tree.total, beta)
         return batch
 
-    def update_priorities(self, streams: np.ndarray, indices: np.ndarray, deltas: np.ndarray) -> None:
+    def update_priorities(self, streams: np.ndarray, indices: np.ndarray, deltas: np.ndarray,
+                          entries: np.ndarray | None = None) -> None:
         """After an update: the sampled transitions' priorities become (|clipped delta| + eps) ** alpha.
 
-        A leaf that is 0 by now (its entry was overwritten while the update ran, in overlap mode) stays 0."""
-        leaves = np.asarray(streams, dtype=np.int64) * self.capacity + np.asarray(indices, dtype=np.int64)
+        ``entries`` (the batch's ``entries``): a transition whose position was written again since it was
+        drawn (overlap mode: the acting thread writes while the learner computes the deltas) is someone
+        else's now and keeps its priority. Without ``entries`` that cannot be told apart; then only a leaf
+        that is 0 by now (no successor yet) stays 0."""
+        streams = np.asarray(streams, dtype=np.int64)
+        leaves = streams * self.capacity + np.asarray(indices, dtype=np.int64)
+        keep = self.tree.get(leaves) > 0
+        if entries is not None:
+            keep &= np.asarray(entries, dtype=np.int64) >= self.written[streams] - self.capacity  # still stored
         p = np.abs(np.asarray(deltas, dtype=np.float64)) + self.priority_eps
         self.max_priority = max(self.max_priority, float(p.max()))
         values = priorities(deltas, alpha=self.priority_alpha, eps=self.priority_eps)
-        self.tree.set(leaves, np.where(self.tree.get(leaves) > 0, values, 0.0))
+        self.tree.set(leaves[keep], values[keep])
 
     def _gather(self, streams: np.ndarray, logical: np.ndarray, zeroed: np.ndarray, n_step: int = 1) -> Batch:
         if n_step > 1:
@@ -426,6 +437,7 @@ class ReplayMemory:
             streams=streams,
             next_action_masks=masks,
             indices=j,
+            entries=logical,
         )
 
     def _n_step_returns(self, streams: np.ndarray, logical: np.ndarray, n_step: int):
@@ -474,6 +486,7 @@ class ReplayMemory:
             streams=streams,
             next_action_masks=masks,
             indices=j,
+            entries=logical,
             discounts=discounts,
         )
 

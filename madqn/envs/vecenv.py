@@ -24,6 +24,10 @@ from madqn.errors import MadqnError
 
 # seconds between liveness checks while waiting for a worker's answer
 _POLL_S = 1.0
+# memory one env worker process holds [bytes]: 200 pong_v3 workers held 5.7 GB (28.5 MB each), with a margin
+WORKER_MEMORY = 32_000_000
+# more worker processes than this per core only take turns on the cores
+WORKERS_PER_CORE = 4
 
 
 def worker_context() -> Any:

@@ -12,7 +12,8 @@ cancel, so ``"self"`` does not rank networks there; ``"random"`` does.)
 
 Validation (DQN3.0 ``NeuralQLearner:compute_validation_statistics``): ``valid_size`` transitions
 are drawn once from each learner's replay memory when learning starts; after each evaluation
-V = mean max_a Q_target(s2, a) and the mean |clipped delta| over them are reported, with two signs of a
+V = mean max_a Q_target(s2, a) and the mean |clipped delta| over them are reported (``Learner.td_error``: the
+learner's own computation, Double DQN and precision included), with two signs of a
 network that has stopped reading its input (``network_health``): the spread of Q across the states, and the
 smallest fraction of a ReLU layer's units active on any of them (a warning is printed when a layer is dead).
 
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from madqn.core.learner import Learner, q_targets
+from madqn.core.learner import Learner
 from madqn.envs.adapters import is_pettingzoo_env, make_env
 from madqn.errors import CheckpointError
 from madqn.evaluation.agents import Agents
@@ -86,25 +87,20 @@ def draw_validation_set(group: Any, size: int, rng: np.random.Generator, device:
 
 
 def validation_statistics(learner: Learner, valid: ValidationSet, chunk: int = 256) -> tuple[float, float]:
-    """(V, TD error): mean max_a Q_target(s2, a) and mean |clipped delta| over ``valid`` (DQN3.0's v_avg, tderr_avg).
+    """(V, TD error): mean bootstrap value q2_max and mean |clipped delta| over ``valid`` (DQN3.0's v_avg, tderr_avg).
 
-    delta is getQUpdate's (``madqn.core.learner.q_targets``): target network for s2 (the online one
-    without a target network), the learner's discount, clipping and reward scaling.
+    Both are the learner's own (``Learner.td_error``: what ``update`` computes, with its target network,
+    Double DQN, precision, discount, clipping and reward scaling), without a gradient.
     """
     q2_sum, delta_sum = 0.0, 0.0
-    target = learner.target_network if learner.use_target else learner.online_network
-    with torch.no_grad():
-        for lo in range(0, len(valid), chunk):
-            sl = slice(lo, lo + chunk)
-            ids = valid.agent_ids[sl] if learner.uses_agent_ids else None
-            q_all = learner.online_network(valid.states[sl], ids)
-            q2_all = target(valid.next_states[sl], ids)
-            _, delta, q2_max = q_targets(
-                q_all, q2_all, valid.actions[sl], valid.rewards[sl], valid.terminals[sl], discount=learner.discount,
-                clip_delta=learner.clip_delta, r_max=learner.r_max, rescale_r=learner.rescale_r,
-                next_action_mask=None if valid.next_action_masks is None else valid.next_action_masks[sl])
-            q2_sum += float(q2_max.double().sum())
-            delta_sum += float(delta.abs().double().sum())
+    for lo in range(0, len(valid), chunk):
+        sl = slice(lo, lo + chunk)
+        delta, q2_max = learner.td_error(
+            valid.states[sl], valid.actions[sl], valid.rewards[sl], valid.next_states[sl], valid.terminals[sl],
+            agent_ids=valid.agent_ids[sl],
+            next_action_masks=None if valid.next_action_masks is None else valid.next_action_masks[sl])
+        q2_sum += float(q2_max.double().sum())
+        delta_sum += float(delta.abs().double().sum())
     return q2_sum / len(valid), delta_sum / len(valid)
 
 

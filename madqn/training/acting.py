@@ -56,6 +56,7 @@ class EpisodeRecord:
     scores: dict[str, float]
     lengths: dict[str, int]
     truncated: bool
+    epsilon: float  # what the network seats acted with at the episode's last step (ActingLoop.epsilon)
     random_seats: tuple[str, ...] = ()  # seats that acted uniformly at random (config.random_opponent)
 
 
@@ -165,6 +166,8 @@ class ActingLoop:
 
     # ---- one step: send, then collect ------------------------------------------------------------
     def epsilon(self) -> float:
+        """The epsilon the network seats act with now: the one owner of a run's acting epsilon (DQN3.0's
+        schedule at this loop's step, or the fixed one of an Ape-X actor); hooks read it through the trainer."""
         if self.fixed_epsilon is not None:
             return self.fixed_epsilon
         c = self.config
@@ -281,7 +284,7 @@ class ActingLoop:
         slots = [self.slots[(i, a)] for a in self.agents]
         self.episodes += 1
         self.sink.episode(EpisodeRecord(self.step, self.episodes, i, {s.agent: s.score for s in slots},
-                                        {s.agent: s.length for s in slots}, truncated,
+                                        {s.agent: s.length for s in slots}, truncated, self.epsilon(),
                                         tuple(s.agent for s in slots if s.random)))
 
     def _reset_env(self, i: int) -> None:

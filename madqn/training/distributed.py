@@ -46,6 +46,10 @@ from madqn.training.learners import LearnerSet, group_members, q_network_for, re
 from madqn.training.trainer import Hook, TrainerBase, resolve_device, resolve_threads
 
 
+# an actor lost this many times in a row, without a batch in between, is taken for dead
+MAX_LOST_IN_A_ROW = 3
+
+
 def apex_epsilons(n_actors: int, eps: float = 0.4, alpha: float = 7.0) -> list[float]:
     """Ape-X per-actor epsilons: ``eps ** (1 + i * alpha / (N - 1))`` for i = 0..N-1 (one actor: ``eps``)."""
     if n_actors == 1:
@@ -62,6 +66,7 @@ class Rollout:
     entries: list[Entry]
     episodes: list[EpisodeRecord]
     incarnation: str = ""  # random id of the actor object: a new one means Ray rebuilt the actor
+    epsilon: float = float("nan")  # what the actor acts with at the batch's last step
 
 
 def actor_config(config: Config, index: int, reseed: int = 0) -> Config:
@@ -109,7 +114,7 @@ class Actor:
         while self.acting.step - start < n_steps:
             self.acting.step_envs()
         entries, episodes = self.sink.take()
-        return Rollout(self.index, self.acting.step - start, entries, episodes, self.incarnation)
+        return Rollout(self.index, self.acting.step - start, entries, episodes, self.incarnation, self.epsilon())
 
     def close(self) -> None:
         self.acting.close()
@@ -133,6 +138,10 @@ class InlinePool:
     def submit(self, actor: int, n_steps: int, global_step: int, weights: Any) -> None:
         self.calls.append((actor, (n_steps, global_step, weights)))
 
+    def in_flight(self, actor: int) -> int:
+        """Batches ``actor`` has outstanding."""
+        return sum(a == actor for a, _ in self.calls)
+
     def next(self, timeout: float | None = None) -> Rollout | ActorLost | None:
         if not self.calls:
             return None
@@ -146,6 +155,8 @@ class InlinePool:
 
 class RayPool:
     """Actors as Ray actors (``max_restarts=-1``); results in completion order."""
+
+    task_retries = -1  # Ray's max_task_retries: calls outstanding when an actor dies are run again after its restart
 
     def __init__(self, config: Config, env_spec: Any):
         try:
@@ -167,13 +178,17 @@ class RayPool:
                 ray.init(num_cpus=max(config.actors, os.cpu_count() or 1), include_dashboard=False,
                          log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
             self.started = True
-        remote = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=-1)(RayActorProcess)
+        remote = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=self.task_retries)(RayActorProcess)
         self.handles = [remote.remote(config.to_dict(), i, env_spec) for i in range(config.actors)]
         self.pending: dict[Any, int] = {}  # object ref -> actor
 
     def submit(self, actor: int, n_steps: int, global_step: int, weights: Any) -> None:
         ref = self.handles[actor].rollout.remote(n_steps, global_step, weights)
         self.pending[ref] = actor
+
+    def in_flight(self, actor: int) -> int:
+        """Batches ``actor`` has outstanding."""
+        return sum(a == actor for a in self.pending.values())
 
     def next(self, timeout: float | None = None) -> Rollout | ActorLost | None:
         if not self.pending:
@@ -377,6 +392,9 @@ class RayActorProcess:
     def pid(self) -> int:
         return os.getpid()
 
+    def epsilon(self) -> float:
+        return self.actor.epsilon()
+
 
 class ActorFeed:
     """The acting side of a Ray run as its learner sees it: actor batches into the learner set's replay.
@@ -394,6 +412,7 @@ class ActorFeed:
         self.rng = rng  # seeded the replay memories; kept in checkpoints like the in-process acting generator
         self.held: dict[tuple[str, int], Entry] = {}  # (agent, copy) -> its newest entry, stored when a successor comes
         self.incarnations: dict[int, str] = {}  # actor -> id of the actor object its last batch came from
+        self.epsilons: dict[int, float] = {}  # actor -> the epsilon it acted with at the end of its last batch
         self.actor_restarts = 0
 
     def ingest(self, batch: Rollout, step: int) -> None:
@@ -401,6 +420,7 @@ class ActorFeed:
         if known is not None and known != batch.incarnation:  # Ray rebuilt the actor; its lost batch never came
             self.close_streams(batch.actor, "was restarted by Ray", step)
         self.incarnations[batch.actor] = batch.incarnation
+        self.epsilons[batch.actor] = batch.epsilon
         for received in batch.entries:
             entry = received._replace(copy=batch.actor * self.num_envs + received.copy)  # the learner set's copy
             self.learners.note_reward(entry.agent, entry.reward)
@@ -411,6 +431,11 @@ class ActorFeed:
                 self.learners.store(*entry)
             else:
                 self.held[(entry.agent, entry.copy)] = entry
+
+    def epsilon(self) -> float:
+        """The mean of the epsilons the actors acted with in their latest batches (with Ape-X epsilons the
+        actors differ; each episode record carries its own actor's); NaN before the first batch."""
+        return float(np.mean(list(self.epsilons.values()))) if self.epsilons else float("nan")
 
     def close_streams(self, actor: int, what: str, step: int) -> None:
         """An actor process died: end its open episodes in replay at their last received frame (truncated).
@@ -469,14 +494,27 @@ class DistributedTrainer(TrainerBase):
         self.env_spec = config.env if env is None else env
         pools = {"inline": lambda: InlinePool(config, env), "process": lambda: ProcessPool(config, self.env_spec)}
         self.pool = pools.get(pool, lambda: RayPool(config, self.env_spec))()
+        try:
+            self._build(config)
+        except BaseException:  # e.g. a replay too large: the actors (and a Ray instance started here) must go
+            self.pool.close()
+            raise
+
+    def _build(self, config: Config) -> None:
+        """Everything after the actor pool exists: spaces, the learner set, the feed."""
         probe, has_masks = self._probe_env()
         self.agents = list(probe.possible_agents)
         self.observation_specs = observation_specs(probe, config)  # raw observation -> network input (checkpoints)
         self.action_starts = action_starts(probe)
         torch.manual_seed(config.seed)  # the learners start as the in-process trainer's do
         replay_seeds, rng = replay_seeds_and_acting_rng(config.seed, len(group_members(config, self.agents)))
-        self.learners = LearnerSet(config, probe, config.num_envs * config.actors, has_masks, replay_seeds,
-                                   self.device)
+        try:
+            self.learners = LearnerSet(config, probe, config.num_envs * config.actors, has_masks, replay_seeds,
+                                       self.device)
+        except BaseException:
+            if not isinstance(self.pool, InlinePool):
+                probe.close()
+            raise
         self.acting = ActorFeed(self.learners, config.num_envs, rng)
         self.step = 0
         self.episodes = 0
@@ -498,11 +536,17 @@ class DistributedTrainer(TrainerBase):
         return env, any("action_mask" in info for info in infos.values())
 
     # ---- the loop ---------------------------------------------------------------------------
+    def _fill(self, actor: int) -> None:
+        """Give ``actor`` batches to play until it has ``max_in_flight`` outstanding."""
+        for _ in range(self.config.max_in_flight - self.pool.in_flight(actor)):
+            self.pool.submit(actor, self.config.rollout_len, self.step, self._current_weights())
+
     def _loop(self) -> None:
         c = self.config
         for _ in range(c.max_in_flight):
             for a in range(c.actors):
                 self.pool.submit(a, c.rollout_len, self.step, self._current_weights())
+        lost_in_a_row = [0] * c.actors  # ActorLost answers per actor since its last delivered batch
         while self.step < c.steps and not self.stop_requested:
             result = self.pool.next(timeout=0 if self._may_float() else None)
             if result is None:
@@ -511,9 +555,15 @@ class DistributedTrainer(TrainerBase):
                 self._floating_round()  # no batch waiting: the learner keeps going
                 continue
             if isinstance(result, ActorLost):  # out of restarts, or no task retries on this cluster
+                lost_in_a_row[result.actor] += 1
+                if lost_in_a_row[result.actor] >= MAX_LOST_IN_A_ROW:  # dead for good: calls fail at once
+                    raise MadqnError(f"actor {result.actor} was lost {lost_in_a_row[result.actor]} times in a row "
+                                     f"without delivering a batch ({result.reason}); stopping the run (the last "
+                                     f"checkpoint is intact: --resume continues it)")
                 self.acting.close_streams(result.actor, f"was lost ({result.reason})", self.step)
-                self.pool.submit(result.actor, c.rollout_len, self.step, self._current_weights())
+                self._fill(result.actor)  # all its outstanding batches were dropped
                 continue
+            lost_in_a_row[result.actor] = 0
             prev = self.step
             self._ingest(result)
             self.step = prev + result.steps
@@ -560,7 +610,7 @@ class DistributedTrainer(TrainerBase):
         for r in batch.episodes:
             self.episodes += 1
             record = EpisodeRecord(self.step + batch.steps, self.episodes, batch.actor * self.config.num_envs
-                                   + r.env_index, r.scores, r.lengths, r.truncated, r.random_seats)
+                                   + r.env_index, r.scores, r.lengths, r.truncated, r.epsilon, r.random_seats)
             for h in self.hooks:
                 h.on_episode(self, record)
 

@@ -222,7 +222,7 @@ class LearnerSet:
             if g.replay.tree is not None:  # prioritized replay: the new |clipped delta| of each sampled transition
                 deltas = delta.float().cpu().numpy()
                 with lock:
-                    g.replay.update_priorities(batch.streams, batch.indices, deltas)
+                    g.replay.update_priorities(batch.streams, batch.indices, deltas, entries=batch.entries)
             g.updates += 1
             g.update_stats.add(stats)
 

@@ -81,7 +81,7 @@ class MetricsHook(Hook):
         self.next_report = (trainer.step // trainer.config.prog_freq + 1) * trainer.config.prog_freq
 
     def on_episode(self, trainer: Trainer, record: EpisodeRecord) -> None:
-        eps = trainer.epsilon()
+        eps = record.epsilon  # what the episode was played with (on Ray: by its actor)
         wall = time.time() - trainer.start_time
         for agent, score in record.scores.items():
             random_seat = agent in record.random_seats

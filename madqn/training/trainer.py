@@ -11,6 +11,7 @@ in-process or on Ray (madqn.training.distributed). Steps count agent steps (see 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -20,13 +21,14 @@ import numpy as np
 import torch
 
 from madqn.training.acting import ActingLoop, EpisodeRecord  # EpisodeRecord: what Hook.on_episode receives
-from madqn.core.actor import linear_epsilon
 from madqn.config import Config
 from madqn.envs.adapters import action_starts, is_pettingzoo_env, observation_specs
 from madqn.errors import MadqnError
 from madqn.training.learners import Group, LearnerSet, group_members, replay_seeds_and_acting_rng
 from madqn.training.overlap import BackgroundLearner
-from madqn.envs.vecenv import make_envs, use_processes
+from madqn.envs.vecenv import WORKER_MEMORY, WORKERS_PER_CORE, make_envs, use_processes
+from madqn.core.replay import available_memory
+
 TORCH_DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice (physical cores), before anything changes it
 
 
@@ -50,11 +52,39 @@ def resolve_threads(num_threads: int, env_workers: int = 0, cores: int | None = 
     if num_threads > 0:
         return num_threads, "num_threads"
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = usable_cores()
     default = TORCH_DEFAULT_THREADS if default is None else default
     for_envs = max(env_workers, 1)
     threads = max(1, min(cores - for_envs, default))
     return threads, f"auto: {cores} cores, {for_envs} for the envs"
+
+
+def usable_cores() -> int:
+    """The CPUs this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+_MEASURE = object()
+
+
+def check_env_copies(workers: int, cores: int | None = None, available: Any = _MEASURE) -> str | None:
+    """Before the first env worker process starts: refuse (``MadqnError``, one line) ``workers`` processes that
+    would not fit in the memory available now (``WORKER_MEMORY`` each; the kernel would kill the run midway),
+    and return a warning line where they far exceed the cores (more than ``WORKERS_PER_CORE`` per core),
+    else None. ``cores`` and ``available`` (bytes, None: unknown) are measured unless given (tests)."""
+    if workers <= 0:
+        return None
+    cores = usable_cores() if cores is None else cores
+    available = available_memory() if available is _MEASURE else available
+    need = workers * WORKER_MEMORY
+    if available is not None and need > available:
+        raise MadqnError(f"num_envs = {workers} worker processes need about {need / 1e9:.1f} GB "
+                         f"({WORKER_MEMORY / 1e6:.0f} MB each), but only {available / 1e9:.2f} GB of memory is "
+                         f"available: lower num_envs")
+    if workers > WORKERS_PER_CORE * cores:
+        return (f"madqn: warning: {workers} env worker processes on {cores} cores take turns on them; "
+                f"num_envs = {WORKERS_PER_CORE * cores} or fewer (at most {WORKERS_PER_CORE} per core) runs as fast")
+    return None
 
 
 class Hook:
@@ -87,10 +117,9 @@ class TrainerBase:
         return self.learners.groups
 
     def epsilon(self) -> float:
-        """DQN3.0's training epsilon at the current agent step."""
-        c = self.config
-        return linear_epsilon(self.step, ep_start=c.ep_start, ep_end=c.ep_end, ep_endt=c.ep_endt,
-                              learn_start=c.learn_start)
+        """The epsilon the acting side acts with now (``acting.epsilon()``): the acting loop's (DQN3.0's
+        schedule); on Ray the mean of the actors' latest (Ape-X actors each have their own)."""
+        return self.acting.epsilon()
 
     def log_scalars(self, scalars: dict[str, float], step: int | None = None) -> None:
         """Publish named scalars (TensorBoard-style tags, e.g. ``td_error/first_0``) to every hook's ``on_scalars``."""
@@ -147,7 +176,19 @@ class Trainer(TrainerBase):
         if config.num_envs > 1 and is_pettingzoo_env(env_spec):
             raise MadqnError("num_envs > 1 needs an env spec or a factory (one env per copy), not an env instance")
         self.env_spec = env_spec  # what make_env built the envs from (hooks may build more copies)
+        warning = check_env_copies(workers)
+        if warning is not None:
+            print(warning, file=sys.stderr, flush=True)
         envs = make_envs(env_spec, config)  # worker processes or inline copies (madqn.envs.vecenv)
+        try:
+            self._build(config, envs)
+        except BaseException:  # e.g. a replay too large: the env workers must not outlive the failed start
+            for env in envs:
+                env.close()
+            raise
+
+    def _build(self, config: Config, envs: list[Any]) -> None:
+        """Everything after the env copies exist: spaces, resets, the learner set, the acting loop."""
         first = envs[0]
         self.agents = list(first.possible_agents)
         self.observation_specs = observation_specs(first, config)  # raw observation -> network input (checkpoints)
