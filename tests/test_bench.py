@@ -23,13 +23,15 @@ def window(e2e=None, learner_fp32=25.0, noisy=()):
 
     env pipeline 2000 decisions/s; acting 1 ms (shared) and 2 ms (independent) per env step;
     LearnerSet.learn 25 updates/s in fp32 (``learner_fp32``), 40 in bf16; bare updates 26 (fp32), 45 (bf16),
-    30 (fp32 channels_last), 44 (bf16 channels_last); matmul peaks 100 / 200 GFLOP/s.
+    30 (fp32 channels_last), 44 (bf16 channels_last); the compiled bf16 learner 60 against a compiled bare
+    update of 64; matmul peaks 100 / 200 GFLOP/s.
     """
     rates = {"env/raw": 3000.0, "env/pipeline": 2000.0, "acting/shared": 1000.0, "acting/independent": 500.0,
              "acting/shared-bf16": 900.0, "peak[cpu]/fp32": 100e9, "peak[cpu]/bf16": 200e9,
              "learner[cpu]/madqn-fp32": learner_fp32, "learner[cpu]/madqn-bf16": 40.0,
              "learner[cpu]/bare-fp32": 26.0, "learner[cpu]/bare-bf16": 45.0,
-             "learner[cpu]/bare-fp32-cl": 30.0, "learner[cpu]/bare-bf16-cl": 44.0}
+             "learner[cpu]/bare-fp32-cl": 30.0, "learner[cpu]/bare-bf16-cl": 44.0,
+             "learner[cpu]/madqn-bf16-compiled": 60.0, "learner[cpu]/bare-bf16-compiled": 64.0}
     e2e = e2e or {}
     for sharing, default in (("shared", 190.0), ("independent", 95.0)):
         for precision, overlap in (("fp32", False), ("fp32", True), ("bf16", False)):
@@ -106,6 +108,9 @@ def test_learner_rows_peak_fraction_and_channels_last():
     assert rows["learner [cpu]: bare update, fp32 channels_last"].ratio == pytest.approx(30 / 26)
     assert rows["learner [cpu]: bare update, bf16 channels_last"].ratio == pytest.approx(44 / 45)
     assert rows["replay: sample(32) (one gather of 32x5 frames)"].note == "0.2% of an fp32 update"
+    compiled = rows["learner [cpu]: LearnerSet.learn bf16, compile = true"]
+    assert compiled.ratio == pytest.approx(60 / 64) and compiled.passed  # within 0.9x of the compiled bare update
+    assert rows["learner [cpu]: LearnerSet.learn bf16, compiled vs eager"].ratio == pytest.approx(60 / 40)
 
 
 def test_compared_in_milliseconds_with_the_ratio_taken_per_round():

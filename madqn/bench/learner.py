@@ -18,20 +18,24 @@ from madqn.core.learner import cuda_fp32_precision
 from madqn.training.trainer import Trainer
 
 
-def _filled_trainer(sharing: str, device: str, precision: str = "fp32", n_fill: int = 2_000):
-    """A Trainer on pong_v3 whose replay holds ``n_fill`` real steps (random play)."""
+def _filled_trainer(sharing: str, device: str, precision: str = "fp32", n_fill: int = 2_000, compile: bool = False):
+    """A Trainer on pong_v3 whose replay holds ``n_fill`` real steps (random play); ``compile``: its learners
+    compiled (``compile = true``)."""
     cfg = make_config(None, {"env": "pong_v3", "sharing": sharing, "device": device, "replay_memory": 10_000,
                              "learn_start": 10**9, "steps": 10**9, "vector_env": "inline", "seed": 0,
-                             "precision": precision, "num_threads": _threads()})
+                             "precision": precision, "num_threads": _threads(), "compile": compile})
     trainer = Trainer(cfg)
     while trainer.step < n_fill:
         trainer.env_step()
     return trainer
 
 
-def bare_update(network, device, batch: int = 32, precision: str = "fp32", channels_last: bool = False):
+def bare_update(network, device, batch: int = 32, precision: str = "fp32", channels_last: bool = False,
+                compiled: bool = False):
     """The limit: a textbook PyTorch DQN update of ``network`` (float input already on the device);
-    ``precision = "bf16"``: its forwards under bf16 autocast; ``channels_last``: weights and input NHWC."""
+    ``precision = "bf16"``: its forwards under bf16 autocast; ``channels_last``: weights and input NHWC;
+    ``compiled``: the forwards and loss (with their backward) and the optimizer step each compiled by
+    ``torch.compile``, the overhead-free reference for madqn's ``compile = true``."""
     online = copy.deepcopy(network).to(device)
     target = copy.deepcopy(network).to(device)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -48,17 +52,24 @@ def bare_update(network, device, batch: int = 32, precision: str = "fp32", chann
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
     on_cuda = torch.device(device).type == "cuda"
 
+    def loss_fn():
+        with autocast:
+            with torch.no_grad():
+                y = r + 0.99 * (1 - term) * target(s2).max(1).values.float()
+            q = online(s).gather(1, a[:, None]).squeeze(1).float()
+        return F.smooth_l1_loss(q, y, reduction="sum")
+
+    step = opt.step
+    if compiled:
+        loss_fn, step = torch.compile(loss_fn), torch.compile(opt.step)
+
     def update() -> None:
         # on CUDA the same fp32 arithmetic as the Learner's: IEEE for fp32, TF32 beside bf16 autocast
         with cuda_fp32_precision("tf32" if precision == "bf16" else "ieee") if on_cuda else contextlib.nullcontext():
-            with autocast:
-                with torch.no_grad():
-                    y = r + 0.99 * (1 - term) * target(s2).max(1).values.float()
-                q = online(s).gather(1, a[:, None]).squeeze(1).float()
-            loss = F.smooth_l1_loss(q, y, reduction="sum")
+            loss = loss_fn()
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            opt.step()
+            step()
 
     return update
 
@@ -81,6 +92,7 @@ def learner_section(device: str, n: int) -> Section:
     """LearnerSet.learn in fp32 and bf16, and the bare PyTorch update in fp32 / bf16 / channels_last, one learner."""
     sync = _sync(device)
     trainers = {p: _filled_trainer("independent", device, p) for p in ("fp32", "bf16")}
+    trainers["bf16-compiled"] = _filled_trainer("independent", device, "bf16", compile=True)
     network = trainers["fp32"].groups[0].learner.online_network
     flops = update_flops(trainers["fp32"].groups[0].learner)
     key = f"learner[{device}]"
@@ -89,8 +101,13 @@ def learner_section(device: str, n: int) -> Section:
         for cl in (False, True):
             bare = bare_update(network, device, precision=precision, channels_last=cl)
             probes[f"{key}/bare-{precision}{'-cl' if cl else ''}"] = lambda bare=bare: rate(bare, n, sync)
-        probes[f"{key}/madqn-{precision}"] = lambda t=trainers[precision]: rate(
+    bare = bare_update(network, device, precision="bf16", channels_last=device == "cpu", compiled=True)
+    probes[f"{key}/bare-bf16-compiled"] = lambda bare=bare: rate(bare, n, sync)
+    for variant, t in trainers.items():
+        probes[f"{key}/madqn-{variant}"] = lambda t=t: rate(
             lambda: t.learners.learn(t.step, groups=t.groups[:1]), n, sync)  # one learner's round
+    for k in (f"{key}/bare-bf16-compiled", f"{key}/madqn-bf16-compiled"):
+        probes[k]()  # compile before the window: the first calls take tens of seconds
     replay = trainers["fp32"].groups[0].replay
     sample_ms = 1e3 / rate(lambda: replay.sample(32), 200) if device == "cpu" else None
     threads = _threads()
@@ -126,7 +143,13 @@ def learner_rows(t: Timings, device: str, flops: float, threads: int, sample_ms:
             compared(t, f"learner [{device}]: bare update, fp32 channels_last", f"{key}/bare-fp32-cl",
                      f"{key}/bare-fp32", "updates/s", note="limit: the bare fp32 update (NCHW)"),
             compared(t, f"learner [{device}]: bare update, bf16 channels_last", f"{key}/bare-bf16-cl",
-                     f"{key}/bare-bf16", "updates/s", note="limit: the bare bf16 update (NCHW)")]
+                     f"{key}/bare-bf16", "updates/s", note="limit: the bare bf16 update (NCHW)"),
+            compared(t, f"learner [{device}]: LearnerSet.learn bf16, compile = true", f"{key}/madqn-bf16-compiled",
+                     f"{key}/bare-bf16-compiled", "updates/s", target=">= 0.9 x limit",
+                     check=lambda ratio: ratio >= 0.9,
+                     note="limit: the bare bf16 update compiled (torch.compile: forwards, loss, backward, optimizer)"),
+            compared(t, f"learner [{device}]: LearnerSet.learn bf16, compiled vs eager", f"{key}/madqn-bf16-compiled",
+                     f"{key}/madqn-bf16", "updates/s", note="limit: the same learner, eager (compile = false)")]
     if sample_ms is not None:
         share = 100 * sample_ms * t.median(f"{key}/madqn-fp32") / 1e3
         out.append(Row("replay: sample(32) (one gather of 32x5 frames)", sample_ms, "ms",

@@ -103,8 +103,12 @@ class DQN3RMSprop(torch.optim.Optimizer):
         self.fused = False  # True: one compiled elementwise kernel per step (``compile = true``), see dqn3_rmsprop_
         self._scratch: dict[torch.Tensor, torch.Tensor] = {}  # per-parameter buffer for the denominator
 
+    def __getstate__(self):
+        return {**super().__getstate__(), "fused": self.fused}
+
     def __setstate__(self, state):  # copy.deepcopy / pickle: the scratch buffers are rebuilt, not copied
         super().__setstate__(state)
+        self.fused = state.get("fused", False)
         self._scratch = {}
 
     @torch.no_grad()
