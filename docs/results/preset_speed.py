@@ -1,6 +1,7 @@
 """Agent steps/s of a training preset once learning runs, for several checkouts of madqn, interleaved.
 
-Each trial is a real ``madqn train`` run of the preset (learning from step ``--learn-start``, epsilon held
+Each trial is a real ``madqn train`` run of the preset as that checkout has it (``PRESET`` is a path inside
+each checkout; learning from step ``--learn-start``, epsilon held
 at the preset's final value so that acting takes its long-run share), started from one checkout with
 ``PYTHONPATH`` pointing at it; trials go round-robin over the checkouts so that every checkout sees the
 same machine load. The rate of a trial is the agent steps of its train.csv rows after the first
@@ -46,7 +47,7 @@ def trial(checkout: Path, preset: Path, learn_start: int, learn_steps: int, over
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("preset", type=Path)
+    p.add_argument("preset", type=Path, help="the preset's path inside each checkout, e.g. configs/pong_fast.toml")
     p.add_argument("--checkout", action="append", required=True, help="LABEL=PATH of a madqn checkout (repeatable)")
     p.add_argument("--set", action="append", dest="sets", default=[],
                    help="LABEL:KEY=VALUE override for one checkout's runs (repeatable)")
@@ -66,7 +67,8 @@ def main() -> None:
         for r in range(a.rounds):
             order = list(checkouts) if r % 2 == 0 else list(reversed(checkouts))
             for label in order:
-                rate, n = trial(Path(checkouts[label]).resolve(), a.preset.resolve(), a.learn_start, a.learn_steps,
+                checkout = Path(checkouts[label]).resolve()
+                rate, n = trial(checkout, checkout / a.preset, a.learn_start, a.learn_steps,  # its own preset file
                                 sets[label], Path(tmp) / f"{label}-{r}", bin_dir)
                 results.append({"round": r, "checkout": label, "agent_steps_per_s": round(rate, 2), "steps": n})
                 print(f"round {r} {label:>10}: {rate:7.2f} agent steps/s over {n} steps", flush=True)
