@@ -3,6 +3,7 @@
 import copy
 import csv
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import torch
 from madqn.config import make_config
 from madqn.core.learner import Learner
 from madqn.envs.adapters import make_env
+from madqn.training.distributed import DistributedTrainer
+from madqn.training.trainer import Hook
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.toml"
@@ -100,3 +103,32 @@ def play_side_by_side(a, b, steps=60, epsilon=0.05, atol=0.0):
             break
     env.close()
     return compared
+
+
+class CountingTrainer(DistributedTrainer):
+    """Records what it received, to check that nothing is counted twice."""
+
+    received_steps = 0
+    received_entries = 0
+
+    def _ingest(self, batch):
+        self.received_steps += batch.steps
+        self.received_entries += len(batch.entries)
+        super()._ingest(batch)
+
+
+class KillActorOnce(Hook):
+    """Kills actor 0's process (SIGKILL) once the learner has passed ``at`` agent steps."""
+
+    def __init__(self, at: int):
+        self.at = at
+        self.killed_pid = None
+
+    def on_step(self, trainer):
+        if self.killed_pid is None and trainer.step >= self.at:
+            self.killed_pid = trainer.pool.pids()[0]
+            os.kill(self.killed_pid, signal.SIGKILL)
+            self.killed(trainer)
+
+    def killed(self, trainer) -> None:
+        """Right after the kill (a pool may wait here for the actor's restart)."""

@@ -22,6 +22,7 @@ CATCH = f"{ROOT / 'tests' / 'tiny_catch.py'}:make"
 TINY = dict(env=CATCH, replay_memory=500, learn_start=100, prog_freq=100, save_freq=1000, eval_freq=0,
             valid_size=0, device="cpu", rollout_len=32, sync_every=5, target_q=100, hist_len=2, mlp_hidden=[32])
 
+from helpers import CountingTrainer, KillActorOnce  # noqa: E402
 import ray  # noqa: E402  (the test extra installs it: a missing Ray must fail, not skip)
 
 
@@ -130,35 +131,20 @@ def test_ray_first_transitions_equal_local_trainer():
     assert not ray_processes()
 
 
-class KillActorOnce(Hook):
-    """Kills actor 0's process (SIGKILL) once the learner has passed ``at`` agent steps; records batches."""
+class KillRayActorOnce(KillActorOnce):
+    """KillActorOnce, then waiting for Ray's restart and for the rebuilt actor 0's first batch."""
 
-    def __init__(self, at: int):
-        self.at = at
-        self.killed_pid = None
+    def killed(self, trainer) -> None:
+        self.new_pid = trainer.pool.pids()[0]  # waits for Ray's restart (the learner pauses meanwhile)
 
     def on_step(self, trainer):
-        if self.killed_pid is None and trainer.step >= self.at:
-            self.killed_pid = trainer.pool.pids()[0]
-            os.kill(self.killed_pid, signal.SIGKILL)
-            self.new_pid = trainer.pool.pids()[0]  # waits for Ray's restart (the learner pauses meanwhile)
-        elif self.killed_pid is not None and trainer.acting.actor_restarts == 0:
+        if self.killed_pid is None:
+            super().on_step(trainer)
+        elif trainer.acting.actor_restarts == 0:
             # until a batch of the rebuilt actor 0 has come in, wait for actor 0's outstanding batches after each
             # step, so that on a loaded machine actor 1 cannot finish the run alone while actor 0 starts up
             refs = [ref for ref, actor in trainer.pool.pending.items() if actor == 0]
             trainer.pool.ray.wait(refs, num_returns=len(refs), timeout=120)
-
-
-class CountingTrainer(DistributedTrainer):
-    """Records what it received, to check that nothing is counted twice."""
-
-    received_steps = 0
-    received_entries = 0
-
-    def _ingest(self, batch):
-        self.received_steps += batch.steps
-        self.received_entries += len(batch.entries)
-        super()._ingest(batch)
 
 
 def test_killed_ray_actor_is_replaced_and_nothing_is_counted_twice(capfd):
@@ -167,7 +153,7 @@ def test_killed_ray_actor_is_replaced_and_nothing_is_counted_twice(capfd):
     # episode-end entry per 4-step episode: 1,500 at most); 30-step batches end mid-episode
     cfg = Config(**{**TINY, "replay_memory": 2 * 1600, "rollout_len": 30}, steps=1200, actors=2, backend="ray",
                  sharing="shared")
-    killer = KillActorOnce(at=400)
+    killer = KillRayActorOnce(at=400)
     trainer = CountingTrainer(cfg, hooks=[killer])
     try:
         trainer.run()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,37 @@ def test_overlap_video_plays_one_set_of_weights():
     assert video.rounds_in_flight == 0  # settled: nothing can change the weights until the next step
     for a, b in zip(video.start, video.end):
         assert torch.equal(a, b)
+
+
+class OwnedLock:
+    """A lock that knows which thread holds it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.owner = None
+
+    def __enter__(self):
+        self._lock.acquire()
+        self.owner = threading.get_ident()
+
+    def __exit__(self, *exc):
+        self.owner = None
+        self._lock.release()
+
+
+def test_overlap_emulates_without_holding_the_replay_lock():
+    """E5: the acting thread holds the replay lock only around its replay writes, never while the env steps,
+    so the learner thread can sample while the emulator runs."""
+    cfg = Config(env=f"{ROOT / 'tests' / 'tiny_catch.py'}:make", steps=300, learn_start=100, update_freq=4,
+                 minibatch_size=32, target_q=0, prog_freq=1000, save_freq=1000, eval_freq=0, valid_size=0,
+                 hist_len=2, mlp_hidden=[16], device="cpu", num_threads=1, overlap=True, sharing="shared", seed=1)
+    with Trainer(cfg) as trainer:
+        probe = OwnedLock()
+        trainer.background.replay_lock = trainer._replay_lock = probe
+        env = trainer.acting.envs[0]
+        held_while_stepping = []
+        step = env.step
+        env.step = lambda actions: (held_while_stepping.append(probe.owner == threading.get_ident()), step(actions))[1]
+        trainer.run()
+        assert trainer.groups[0].updates == 50
+    assert len(held_while_stepping) >= 300 and not any(held_while_stepping)

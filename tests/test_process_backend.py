@@ -3,8 +3,6 @@ replay ratio. Real worker processes, real envs (tests/tiny_catch.py, envs/catch.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 from pathlib import Path
 
@@ -15,9 +13,8 @@ from madqn.config import Config
 from madqn.errors import MadqnError
 from madqn.training.distributed import DistributedTrainer
 from madqn.training.learners import learning_rounds
-from madqn.training.trainer import Hook
 
-from helpers import read_csv
+from helpers import CountingTrainer, KillActorOnce, read_csv
 from test_learning import check_learned
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,27 +27,6 @@ TINY = dict(env=CATCH, replay_memory=4000, learn_start=100, prog_freq=100, save_
 
 def expected_updates(config: Config, step: int) -> int:
     return learning_rounds(0, step, config.learn_start, config.update_freq) * config.n_replay
-
-
-class KillActorOnce(Hook):
-    def __init__(self, at: int):
-        self.at = at
-        self.killed_pid = None
-
-    def on_step(self, trainer):
-        if self.killed_pid is None and trainer.step >= self.at:
-            self.killed_pid = trainer.pool.pids()[0]
-            os.kill(self.killed_pid, signal.SIGKILL)
-
-
-class CountingTrainer(DistributedTrainer):
-    received_steps = 0
-    received_entries = 0
-
-    def _ingest(self, batch):
-        self.received_steps += batch.steps
-        self.received_entries += len(batch.entries)
-        super()._ingest(batch)
 
 
 @pytest.mark.parametrize("sharing", ["shared", "independent"])

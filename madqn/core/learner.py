@@ -356,7 +356,7 @@ class Learner:
         weights, the targets/delta, gradients and optimizer state stay fp32."""
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
-    def _device_precision(self):
+    def device_precision(self):
         """On CUDA, the whole update (forwards and backward) runs with TF32 for bf16 and IEEE fp32 for
         fp32 (:func:`cuda_fp32_precision`); on CPU nothing changes."""
         if self.device.type != "cuda":
@@ -383,7 +383,7 @@ class Learner:
         Returns 0-dim detached tensors (no host sync): mean |clipped delta|, mean Q(s, a) and
         mean max_a Q_target(s2, a), plus ``delta`` (B,), the clipped TD errors.
         """
-        with self._device_precision():
+        with self.device_precision():
             return self._update(states, actions, rewards, next_states, terminals, agent_ids, next_action_masks,
                                 step, discounts, weights)
 
@@ -417,7 +417,7 @@ class Learner:
                  discounts: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``(delta_B, q2_max_B)`` exactly as ``update`` computes them (same networks, Double DQN, precision),
         without a gradient or an optimizer step: DQN3.0's validation statistics (V, TD error)."""
-        with self._device_precision(), torch.no_grad():
+        with self.device_precision(), torch.no_grad():
             _, _, delta, q2_max = self._td(states, actions, rewards, next_states, terminals, agent_ids,
                                            next_action_masks, discounts)
         return delta, q2_max

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -201,6 +201,11 @@ class Trainer(TrainerBase):
         self.acting = ActingLoop(config, envs, self.learners.online_networks, self, acting_rng, self.device,
                                  started=started)
         self.background = BackgroundLearner(self.learners, self.acting.policy.refresh) if config.overlap else None
+        self._precision = ExitStack()
+        if self.background is not None:
+            # CUDA's fp32 switches are process-wide: set once for the run, so that the acting thread's forwards
+            # never run under whatever the learner thread's update has set for the moment
+            self._precision.enter_context(self.groups[0].learner.device_precision())
         # held only around replay writes: the envs emulate while the learner thread samples
         self._replay_lock = self.background.replay_lock if self.background is not None else nullcontext()
 
@@ -272,6 +277,7 @@ class Trainer(TrainerBase):
     def close(self) -> None:
         if self.background is not None:
             self.background.close()
+        self._precision.close()
         self.acting.close()
 
 
