@@ -264,8 +264,12 @@ def start_line(trainer: Trainer, run_dir: Path, precision_why: str) -> str:
     c = trainer.config
     threads = getattr(trainer, "torch_threads", torch.get_num_threads())
     why = getattr(trainer, "threads_reason", "num_threads" if c.num_threads else "torch's default")
+    where = ""
+    if c.backend != "local":
+        where = f" | acting in {c.actors} {c.backend} actor{'s' if c.actors > 1 else ''}, learning in this process"
     return (f"madqn train: {c.env}, sharing {c.sharing}, seed {c.seed}, {c.steps:,} agent steps -> {run_dir} | "
-            f"device {trainer.device}, torch threads {threads} ({why}), precision {c.precision} ({precision_why})")
+            f"device {trainer.device}, torch threads {threads} ({why}), precision {c.precision} ({precision_why})"
+            f"{', learner compiled (compile = true)' if c.compile else ''}{where}")
 
 
 

@@ -87,6 +87,7 @@ def test_cli_process_backend_trains_resumes_and_keeps_the_ratio(tmp_path, madqn_
         cmd, env = madqn_cli(*args)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
+        assert "acting in 1 process actor, learning in this process" in done.stdout
     rows = read_csv(run / "train.csv")
     last = rows[-1]
     assert int(last["step"]) >= 900
