@@ -332,10 +332,13 @@ class ProcessPool:
         return [p.pid for p, _ in self.workers]
 
     def close(self) -> None:
-        for process, conn in self.workers:
-            try:
+        for actor, (process, conn) in enumerate(self.workers):
+            try:  # take the answers still coming (an actor blocks on a full pipe), then ask it to stop
+                while self.calls[actor] and conn.poll(10):
+                    conn.recv()
+                    self.calls[actor].pop(0)
                 conn.send(("close", None))
-            except (BrokenPipeError, OSError):
+            except (EOFError, BrokenPipeError, OSError):
                 pass
         for process, conn in self.workers:
             process.join(timeout=5)
