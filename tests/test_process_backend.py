@@ -96,11 +96,12 @@ def test_cli_process_backend_trains_resumes_and_keeps_the_ratio(tmp_path, madqn_
     assert int(last["updates"]) == expected_updates(cfg, int(last["step"]))
 
 
-def test_process_backend_with_the_compiled_learner_learns_small_catch(tmp_path):
+@pytest.mark.parametrize("sharing", ["shared", pytest.param("independent", marks=pytest.mark.slow)])
+def test_process_backend_with_the_compiled_learner_learns_small_catch(tmp_path, sharing):
     """The two-core fast path together (actor process + compiled learner) still learns catch, by the same
     rule as the in-process learner (tests/test_learning.py)."""
     result = madqn.train(SMALL_CATCH, ROOT / "configs" / "catch_small.toml", run_dir=tmp_path / "run",
-                         backend="process", compile=True)
+                         backend="process", compile=True, sharing=sharing)
     check_learned(result, madqn.envs.adapters.load_env_factory(SMALL_CATCH))
     rows = read_csv(tmp_path / "run" / "train.csv")
     cfg = madqn.make_config(tmp_path / "run" / "config.toml")
