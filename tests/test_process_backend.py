@@ -69,6 +69,7 @@ def test_killed_actor_process_is_restarted_and_nothing_is_counted_twice(capfd):
         trainer.close()
     err = capfd.readouterr().err
     assert "actor 0 died" in err and "starting it again" in err
+    assert "actor 0 was restarted before step" in err  # its episodes were ended in replay
 
 
 def test_the_process_backend_needs_an_env_spec_string():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from typing import Any, Iterator
 
 import torch
@@ -178,14 +179,10 @@ def _rmsprop_elementwise(params, grads, gs, g2s, lr: Tensor, decay: float, eps: 
         p.add_(grad / (g2 - g * g + eps).sqrt() * -lr)
 
 
-_FUSED_RMSPROP = None
-
-
+@functools.cache
 def _fused_rmsprop():
-    global _FUSED_RMSPROP
-    if _FUSED_RMSPROP is None:
-        _FUSED_RMSPROP = torch.compile(_rmsprop_elementwise, dynamic=False, fullgraph=True)
-    return _FUSED_RMSPROP
+    """The compiled kernel, built on first use (compiling needs a C++ compiler; eager runs never ask)."""
+    return torch.compile(_rmsprop_elementwise, dynamic=False, fullgraph=True)
 
 
 def lr_at(step: int, *, learn_start: int, lr_start: float, lr_end: float, lr_endt: int) -> float:

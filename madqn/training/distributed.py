@@ -328,6 +328,10 @@ class ProcessPool:
         for n_steps, global_step in self.calls[actor]:
             self._send(actor, n_steps, global_step)
 
+    def in_flight(self, actor: int) -> int:
+        """Batches ``actor`` has outstanding."""
+        return len(self.calls[actor])
+
     def pids(self) -> list[int]:
         return [p.pid for p, _ in self.workers]
 
@@ -421,7 +425,7 @@ class ActorFeed:
     def ingest(self, batch: Rollout, step: int) -> None:
         known = self.incarnations.get(batch.actor)
         if known is not None and known != batch.incarnation:  # Ray rebuilt the actor; its lost batch never came
-            self.close_streams(batch.actor, "was restarted by Ray", step)
+            self.close_streams(batch.actor, "was restarted", step)
         self.incarnations[batch.actor] = batch.incarnation
         self.epsilons[batch.actor] = batch.epsilon
         for received in batch.entries:
