@@ -154,3 +154,13 @@ def test_update_flops_match_the_layer_shapes(double):
     before = [p.detach().clone() for p in learner.online_network.parameters()]
     assert update_flops(learner, batch) == expected  # 2.18 GFLOP without double DQN
     assert all((p == b).all() for p, b in zip(learner.online_network.parameters(), before))  # weights untouched
+
+
+def test_actor_scaling_rows_against_n_times_one_actor():
+    from madqn.bench.distributed import actor_scaling_rows
+
+    rows = actor_scaling_rows({1: 1000.0, 2: 1500.0, 3: 2000.0})
+    assert [r.limit for r in rows] == [1000.0, 2000.0, 3000.0]
+    assert rows[0].passed is None and rows[1].passed is True and rows[1].ratio == pytest.approx(0.75)
+    assert rows[2].passed is False  # 2000 < 0.7 x 3000
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from madqn.bench.table import Row
@@ -52,3 +53,35 @@ def bench_distributed(device: str, n: int, actor_counts: tuple[int, ...] = (1, 2
                         "agent steps/s", local_sps, note=f"limit: local backend, {actors} env cop"
                         f"{'ies' if actors > 1 else 'y'}; learner updates/s ray {ray_ups:,.1f}, local {local_ups:,.1f}"))
     return rows
+
+
+def bench_actor_scaling(n: int, actor_counts: tuple[int, ...] | None = None) -> list[Row]:
+    """Acting alone (no learning, epsilon 0.05: a greedy forward every step) with the process backend and 1, 2 ...
+    actor processes, up to the machine's cores; each count against N x the one-actor rate. Agent steps/s as in
+    the other rows (counter steps x 2 agents)."""
+    if actor_counts is None:
+        actor_counts = tuple(range(1, min(4, os.cpu_count() or 1) + 1))
+    warmup = 300
+    rates = {}
+    for actors in actor_counts:
+        cfg = make_config(None, {"env": "pong_v3", "sharing": "shared", "device": "cpu", "replay_memory": 20_000,
+                                 "learn_start": 10**9, "ep_start": 0.05, "ep_end": 0.05, "steps": warmup + n,
+                                 "seed": 0, "backend": "process", "actors": actors, "valid_size": 0,
+                                 "num_threads": 1})
+        probe = _RateProbe(warmup)
+        trainer = DistributedTrainer(cfg, hooks=[probe], pool="process")
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+        rates[actors] = probe.steps_per_s * 2
+    return actor_scaling_rows(rates)
+
+
+def actor_scaling_rows(rates: dict[int, float]) -> list[Row]:
+    """One row per actor count: its acting rate against N x the one-actor rate (target >= 0.7 x)."""
+    one = rates[1]
+    return [Row(f"acting alone [cpu]: process backend, {n} actor{'s' if n > 1 else ''}", rate, "agent steps/s",
+                n * one, ">= 0.7 x limit" if n > 1 else "", rate >= 0.7 * n * one if n > 1 else None,
+                f"limit: {n} x the one-actor rate; no learning, epsilon 0.05")
+            for n, rate in sorted(rates.items())]

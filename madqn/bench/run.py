@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from madqn.bench.acting import acting_section
-from madqn.bench.distributed import bench_distributed
+from madqn.bench.distributed import bench_actor_scaling, bench_distributed
 from madqn.bench.e2e import e2e_section
 from madqn.bench.env import bench_pettingzoo_raw, env_section
 from madqn.bench.extensions import extensions_section
@@ -56,6 +56,8 @@ def run_bench(args: Any) -> list[Row]:
         rows.append(bench_pettingzoo_raw("pong_v3", 300))
     for s in sections[1:]:
         rows += s.rows(timings)
+    say("acting alone: process backend with 1, 2 ... actor processes")
+    rows += bench_actor_scaling(1500 if quick else 4000)
     if args.distributed:
         say("distributed: ray backend with 1, 2 actors vs the local backend")
         rows += bench_distributed(devices[-1], 400 if quick else 1500)
