@@ -333,7 +333,6 @@ class Learner:
         self.rescale_r = rescale_r
         self.r_max = r_max
         self.uses_agent_ids = getattr(network, "n_agents", 0) > 0
-        self.compiled = compile
         self._forward = self._forward_targets
         if compile:
             if self.device.type == "cpu" and isinstance(network, DQN3ConvNet):

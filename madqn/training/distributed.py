@@ -1,4 +1,5 @@
-"""Distributed acting (``backend = "ray"``): actor processes feed one DQN3.0 learner, Ape-X style.
+"""Distributed acting (``backend = "process"`` and ``"ray"``): actor processes feed one DQN3.0 learner, Ape-X
+style.
 
 Two sides, one small interface:
 
@@ -13,8 +14,8 @@ Two sides, one small interface:
   lost with its actor is never counted), runs DQN3.0's learning rounds on that count
   (``update_ratio = "fixed"``) and publishes the online weights every ``sync_every`` rounds.
 
-Pools drive the actors: :class:`InlinePool` in this process (tests, reference) and
-:class:`RayPool` as Ray actors (``max_restarts=-1``: a killed actor is restarted by Ray; its
+Pools drive the actors: :class:`InlinePool` in this process (tests, reference), :class:`ProcessPool` as
+worker processes of this machine (started again when they die) and :class:`RayPool` as Ray actors (``max_restarts=-1``: a killed actor is restarted by Ray; its
 unfinished batch is dropped, the episodes it was in are closed in replay as truncated, and it
 gets the current weights with its next call). Each actor has at most ``max_in_flight`` batches
 outstanding and gets a new call only after the learner consumed one (back-pressure).
@@ -30,6 +31,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -291,8 +293,6 @@ class ProcessPool:
             pass  # it died: next() sees the closed pipe and restarts it
 
     def next(self, timeout: float | None = None) -> Rollout | None:
-        from multiprocessing.connection import wait
-
         busy = {self.workers[a][1]: a for a in range(len(self.workers)) if self.calls[a]}
         if not busy:
             return None
@@ -372,7 +372,8 @@ def _actor_process(conn: Any, config_dict: dict[str, Any], index: int, env_spec:
         return
     except BaseException as e:  # a bug or a bad env: reported to the learner, which stops with one line
         try:
-            conn.send(("error", f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"))
+            message = str(e).strip()
+            conn.send(("error", f"{type(e).__name__}: {message.splitlines()[-1] if message else ''}"))
         except (BrokenPipeError, OSError):
             pass
 
