@@ -1,5 +1,7 @@
 """madqn export: a weights-only file that plays exactly like the checkpoint it came from."""
 
+import json
+
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ from madqn.training.checkpoint import AGENTS_KIND, safe_load
 from madqn.cli import main
 from madqn.errors import CheckpointError
 from madqn.cli.export import export_agents
-from helpers import SMOKE, play_side_by_side, run_madqn
+from helpers import SMOKE, play_side_by_side, read_csv, run_madqn
 
 LIMIT = 15_000_000  # bytes: the largest export the repository accepts for a pong_v3 model
 DQN3_PONG_WEIGHTS = 1_687_206  # convnet_atari3 with 6 actions (dqn3-reference.md section 1)
@@ -34,11 +36,15 @@ def test_export_round_trip_plays_identically_and_holds_only_the_online_networks(
     assert set(exported) == {"format_version", "kind", "config", "agents", "observation_specs", "action_starts",
                              "step", "groups"}
     assert exported["step"] == checkpoint["step"] == result.step == 120
+    # the updates that trained each network: the run's own count, as its train.csv's last row states it
+    last = {row["learner"]: int(row["updates"]) for row in read_csv(run_dir / "train.csv") if int(row["step"]) == 120}
+    assert result.updates == {name: group["updates"] for name, group in exported["groups"].items()} == last
+    assert all(n > 0 for n in last.values())
     assert exported["config"] == checkpoint["config"] and exported["agents"] == ["first_0", "second_0"]
     learners = {"shared"} if sharing == "shared" else {"first_0", "second_0"}
     assert set(exported["groups"]) == learners
     for name, group in exported["groups"].items():
-        assert set(group) == {"agents", "n_actions", "online"}  # no target network, optimizer or replay
+        assert set(group) == {"agents", "n_actions", "online", "updates"}  # no target network, optimizer or replay
         online = checkpoint["groups"][name]["learner"]["online"]
         assert group["online"].keys() == online.keys()
         assert all(t.dtype == torch.float32 and torch.equal(t, online[k]) for k, t in group["online"].items())
@@ -66,13 +72,16 @@ def test_export_cli_then_eval_and_video_load_the_file(runs, tmp_path, capsys):
     out = tmp_path / "models" / "pong_shared.pt"
     assert main(["export", str(runs["shared"]), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert f"wrote {out}: 6.8 MB" in printed and "step 120" in printed
+    updates = {row["learner"]: int(row["updates"]) for row in read_csv(runs["shared"] / "train.csv")}["shared"]
+    assert f"wrote {out}: 6.8 MB" in printed and f"step 120, updates shared {updates:,}, from" in printed
     from madqn.commands import madqn_command  # the follow-up commands run as printed, also off PATH
 
     assert f"play it: {madqn_command('eval', out, '--opponent', 'random')}; {madqn_command('video', out)}" in printed
     assert main(["eval", str(out), "--opponent", "random", "--episodes", "2"]) == 0
     printed = capsys.readouterr().out
-    assert "pong_v3: pong_shared (step 120) vs random" in printed and "random (baseline)" in printed
+    assert f"pong_v3: pong_shared (step 120, updates shared {updates:,}) vs random" in printed
+    assert "random (baseline)" in printed
+    assert json.loads((tmp_path / "models" / "evals" / "random-s0-n2.json").read_text())["updates"] == {"shared": updates}
     assert main(["video", str(out), "--out", str(tmp_path / "v.gif"), "--max-steps", "5"]) == 0
     assert (tmp_path / "v.gif").stat().st_size > 0
     with pytest.raises(CheckpointError, match="best.pt is written by periodic evaluation"):

@@ -27,11 +27,11 @@ def readme_models() -> dict[str, dict[str, str]]:
     """The README's table of trained agents: file name -> game, description, config file, seed, agent steps."""
     rows = {}
     for line in (ROOT / "README.md").read_text().splitlines():
-        m = re.match(r"\| `models/(\S+\.pt)` \| ([^,|]+)(, [^|]*)? \| `(configs/\S+\.toml)`, seed (\d+)[^|]*\| ([\d,]+) \(", line)
+        m = re.match(r"\| `models/(\S+\.pt)` \| ([^,|]+)(, [^|]*)? \| `(configs/\S+\.toml)`, seed (\d+)[^|]*\| ([\d,]+) \([^|]*\| ([\d,]+) \|", line)
         if m:
-            name, game, description, config, seed, steps = m.groups()
+            name, game, description, config, seed, steps, updates = m.groups()
             rows[name] = {"game": game, "description": description or "", "config": config, "seed": int(seed),
-                          "steps": int(steps.replace(",", ""))}
+                          "steps": int(steps.replace(",", "")), "updates": int(updates.replace(",", ""))}
     return rows
 
 
@@ -72,7 +72,9 @@ def test_model_is_a_weights_only_export_under_the_size_limit(model):
     assert model.stat().st_size <= LIMIT
     state = safe_load(model, kind=AGENTS_KIND)  # weights_only, checksums, layout: what `madqn eval` reads
     assert not {"optimizer", "replay"} & set(state)
-    assert all(set(group) == {"agents", "n_actions", "online"} for group in state["groups"].values())  # no target net
+    assert all(set(group) == {"agents", "n_actions", "online", "updates"} for group in state["groups"].values())  # no target net
+    # the updates each network took, as the README's table states them
+    assert {g["updates"] for g in state["groups"].values()} == {readme_models()[model.name]["updates"]}, model.name
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from madqn.evaluation.protocol import (CROSS, Player, RANDOM, RANDOM_VS_RANDOM, 
                                        cross_settings, length_summary, record, score_summary, self_play, vs_random)
 from madqn.evaluation.report import _write_csv, fmt
 from madqn.evaluation.video import check_video_path, record_episodes
-from madqn.training.checkpoint import atomic_write_text
+from madqn.training.checkpoint import atomic_write_text, format_updates, updates_of
 from madqn.training.progress import EvalProgress
 from madqn.training.trainer import resolve_device
 
@@ -129,11 +129,13 @@ def run_eval(args: argparse.Namespace) -> int:
     finally:
         env.close()
     summary = summarize_eval(rows, kind, a.name, b.name if kind == "cross" else None, agents)
-    summary.update({"checkpoint": str(file), "step": int(state["step"]), "env": env_spec, "epsilon": epsilon,
+    updates = updates_of(state)
+    summary.update({"checkpoint": str(file), "step": int(state["step"]), "updates": updates, "env": env_spec,
+                    "epsilon": epsilon,
                     "episodes": args.episodes, "seed": args.seed, "opponent": args.opponent})
     out = Path(args.out) if args.out else _default_out(file, kind, args)
     _write(out, rows, summary)
-    print(f"{env_spec}: {a.name} (step {state['step']:,}) vs {args.opponent}, epsilon {epsilon:g}, "
+    print(f"{env_spec}: {a.name} (step {state['step']:,}, {format_updates(updates)}) vs {args.opponent}, epsilon {epsilon:g}, "
           f"{args.episodes} episodes per setting, seeds {args.seed}..{args.seed + args.episodes - 1}, {elapsed:.1f} s")
     print(format_eval(summary))
     print(f"rows: {out}; summary: {out.with_suffix('.json')}")

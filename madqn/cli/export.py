@@ -1,8 +1,9 @@
 """``madqn export RUN_DIR|CHECKPOINT --out FILE.pt``: trained agents as a small weights-only file.
 
 The file (kind ``madqn-agents``) holds what playing needs and nothing else: each learner's ONLINE
-network weights (fp32, as trained), which agents it plays and its action count, the resolved config,
-every agent's observation spec and action offset, and the agent step the weights come from. No target
+network weights (fp32, as trained), which agents it plays, its action count and the minibatch updates that
+trained it, the resolved config, every agent's observation spec and action offset, and the agent step the
+weights come from. No target
 network, optimizer state, replay memory, generator or emulator state: a pong_v3 model is ~6.8 MB
 (shared) or ~13.5 MB (independent), against ~27 MB for a trainer checkpoint.
 
@@ -24,7 +25,8 @@ from madqn.cli.registry import command
 from madqn.commands import madqn_command
 from madqn.errors import CheckpointError, MadqnError
 from madqn.evaluation.agents import Agents
-from madqn.training.checkpoint import AGENTS_KIND, FORMAT_VERSION, PLAY_KINDS, atomic_save, online_weights, safe_load
+from madqn.training.checkpoint import (AGENTS_KIND, FORMAT_VERSION, PLAY_KINDS, atomic_save, format_updates, online_weights,
+                                      safe_load, updates_of)
 
 __all__ = ["ExportResult", "agents_state", "export_agents"]
 
@@ -37,6 +39,7 @@ class ExportResult:
     step: int  # agent step of the exported weights
     agents: list[str]
     groups: dict[str, list[str]]  # network name -> the agents it plays
+    updates: dict[str, int | None]  # network name -> minibatch updates that trained it (None: not recorded)
     parameters: int  # number of network weights in the file
 
 
@@ -50,6 +53,8 @@ def agents_state(state: dict[str, Any]) -> dict[str, Any]:
     for name, group in state["groups"].items():
         groups[name] = {"agents": list(group["agents"]), "n_actions": int(group["n_actions"]),
                         "online": {k: v.detach().to("cpu").clone() for k, v in online_weights(group).items()}}
+        if group.get("updates") is not None:  # exports made before updates were recorded have none
+            groups[name]["updates"] = int(group["updates"])
     return {
         "format_version": FORMAT_VERSION,
         "kind": AGENTS_KIND,
@@ -110,6 +115,7 @@ def export_agents(source: str | Path, out: str | Path, checkpoint: str = "latest
     groups = exported["groups"]
     return ExportResult(path=out, size=out.stat().st_size, source=file, step=exported["step"],
                         agents=exported["agents"], groups={n: g["agents"] for n, g in groups.items()},
+                        updates=updates_of(exported),
                         parameters=sum(t.numel() for g in groups.values() for t in g["online"].values()))
 
 
@@ -132,7 +138,7 @@ def run_export(args: argparse.Namespace) -> int:
     result = export_agents(args.run, args.out, args.checkpoint, force=args.force)
     networks = ", ".join(f"{name} ({', '.join(agents)})" for name, agents in result.groups.items())
     print(f"wrote {result.path}: {result.size / 1e6:.1f} MB, {result.parameters:,} fp32 weights, networks {networks}, "
-          f"step {result.step:,}, from {result.source}")
+          f"step {result.step:,}, {format_updates(result.updates)}, from {result.source}")
     print(f"play it: {madqn_command('eval', result.path, '--opponent', 'random')}; "
           f"{madqn_command('video', result.path)}")
     return 0

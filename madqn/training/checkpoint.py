@@ -204,6 +204,18 @@ def online_weights(group: dict[str, Any]) -> dict[str, torch.Tensor]:
     return group["online"] if "online" in group else group["learner"]["online"]
 
 
+def updates_of(state: dict[str, Any]) -> dict[str, int | None]:
+    """Minibatch updates of each network of a loaded checkpoint or export (None where the file predates them)."""
+    return {name: (int(g["updates"]) if g.get("updates") is not None else None) for name, g in state["groups"].items()}
+
+
+def format_updates(updates: dict[str, int | None]) -> str:
+    """``updates shared 545,000`` / ``updates first_0 372,500, second_0 372,500`` / ``updates not recorded``."""
+    if all(n is None for n in updates.values()):
+        return "updates not recorded"
+    return "updates " + ", ".join(f"{name} {'?' if n is None else f'{n:,}'}" for name, n in updates.items())
+
+
 def load_run_checkpoint(run_dir: Path) -> tuple[dict[str, Any], Path]:
     """The latest trainer checkpoint of a run directory, with its path."""
     run_dir = Path(run_dir)
