@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT / "envs"))
 
 import catch  # noqa: E402
 import gridrace  # noqa: E402
+import pong_mirrored  # noqa: E402
 import pong_vs_random  # noqa: E402
 import shared_catch  # noqa: E402
 from helpers import read_csv  # noqa: E402
@@ -84,6 +85,44 @@ def test_pong_vs_random_is_pong_v3_with_a_seeded_random_second_seat():
             ref_reward["first_0"], ref_term["first_0"], ref_trunc["first_0"])
         rewards.append(reward["first_0"])
     assert -1.0 in rewards and 1.0 in rewards  # points were played both ways
+
+def test_pong_mirrored_is_pong_v3_with_the_left_seat_seeing_the_screen_flipped():
+    """envs/pong_mirrored.py: rewards, episode ends and first_0's frames are exactly pong_v3's; second_0's frame
+    is pong_v3's flipped left to right, and the action that moves a paddle up (RIGHT) does so for both seats."""
+    parallel_api_test(pong_mirrored.make_env(), num_cycles=50)
+    env, reference = pong_mirrored.make_env(), madqn.envs.atari.make_atari_env("pong_v3")
+    obs, _ = env.reset(seed=3)
+    ref_obs, _ = reference.reset(seed=3)
+    rng = np.random.default_rng(0)
+    rewards = []
+    for _ in range(1_000):
+        assert np.array_equal(obs["first_0"], ref_obs["first_0"])
+        assert np.array_equal(obs["second_0"], ref_obs["second_0"][:, ::-1])
+        assert not np.array_equal(obs["second_0"], ref_obs["second_0"])  # the picture is not symmetric
+        joint = {a: int(rng.integers(6)) for a in env.agents}
+        obs, reward, term, trunc, _ = env.step(joint)
+        ref_obs, *ref = reference.step(joint)
+        assert (reward, term, trunc) == tuple(ref[:3])
+        rewards.append(reward["first_0"])
+        if not env.agents:
+            assert not reference.agents
+            break
+    assert -1.0 in rewards and 1.0 in rewards
+
+    def own_paddle_top(frame):  # the top row of the paddle at the right edge (each seat's own, once mirrored)
+        column = frame[14:76, 74:78].astype(int)
+        rows = np.flatnonzero((column != np.bincount(column.ravel()).argmax()).any(1))
+        return rows.min()
+
+    for seat in ("first_0", "second_0"):
+        tops = {}
+        for action in (2, 3):  # RIGHT, LEFT
+            obs, _ = env.reset(seed=0)
+            for _ in range(6):
+                obs, *_ = env.step({a: action if a == seat else 0 for a in env.agents})
+            tops[action] = own_paddle_top(obs[seat])
+        assert tops[2] < tops[3], (seat, tops)  # RIGHT moved the seat's own paddle higher than LEFT did
+
 
 def test_shared_catch_one_screen_for_all_and_optimal_moves_match_a_search():
     """Every catcher gets the same frame; optimal_moves (a look-ahead of the ball) agrees with an exhaustive
