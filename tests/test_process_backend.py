@@ -11,7 +11,7 @@ import pytest
 import madqn
 from madqn.config import Config
 from madqn.errors import MadqnError
-from madqn.training.distributed import DistributedTrainer
+from madqn.training.distributed import ACTOR_MEMORY, DistributedTrainer, check_actor_processes
 from madqn.training.learners import learning_rounds
 
 from helpers import CountingTrainer, KillActorOnce, read_csv
@@ -76,6 +76,20 @@ def test_the_process_backend_needs_an_env_spec_string():
     factory = madqn.envs.adapters.load_env_factory(CATCH)
     with pytest.raises(MadqnError, match="backend = 'process' needs the env as a spec string"):
         DistributedTrainer(Config(**TINY, steps=100), env=factory, pool="process")
+
+
+def test_actor_processes_that_would_not_fit_in_memory_are_refused_before_any_starts(tmp_path, madqn_cli):
+    assert check_actor_processes(2, cores=2, available=2 * ACTOR_MEMORY) is None
+    assert "3 actor processes and the learner on 2 cores" in check_actor_processes(3, cores=2, available=None)
+    with pytest.raises(MadqnError, match="actors = 3 actor processes need about 0.8 GB"):
+        check_actor_processes(3, cores=8, available=3 * ACTOR_MEMORY - 1)
+    # from the command line: one line, exit 2, no run directory written, no actor started
+    cmd, env = madqn_cli("train", "--env", CATCH, "--backend", "process", "--actors", "100000",
+                         "--run-dir", tmp_path / "run")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "actors = 100000 actor processes need about 25600.0 GB" in done.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_cli_process_backend_trains_resumes_and_keeps_the_ratio(tmp_path, madqn_cli):
