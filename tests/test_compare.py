@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from madqn.evaluation.aggregate import game_aggregate
 from madqn.evaluation.rating import expected_score
 from helpers import read_csv, run_madqn  # noqa: E402
 
@@ -21,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CATCH = f"{ROOT / 'envs' / 'catch.py'}:make_small_env"
 CONFIG = ROOT / "configs" / "catch_small.toml"
 SEATS = ["catcher_0", "catcher_1"]
-T975 = {1: 12.706205, 3: 3.182446}
-ARGS = ["--env", CATCH, "--config", CONFIG, "--steps", "300", "--seeds", "2", "--episodes", "4", "--jobs", "2",
+T975 = {1: 12.706205, 2: 4.302653, 3: 3.182446, 8: 2.306004}
+SEEDS = (1, 2, 3)
+ARGS = ["--env", CATCH, "--config", CONFIG, "--steps", "300", "--seeds", "3", "--episodes", "4", "--jobs", "2",
         "--h2h-episodes", "2", "--set", "learn_start=100", "--set", "eval_freq=100", "--set", "eval_steps=90",
         "--set", "valid_size=50", "--set", "prog_freq=100", "--set", "save_freq=150",
         "--set", "final_eval_episodes=0"]
@@ -50,7 +52,7 @@ def test_every_artefact_is_written(compared):
     for png in ("learning_curves.png", "training_curves.png"):
         assert Image.open(out / png).size == (1200, 450)
     for variant in ("shared", "independent"):
-        for seed in (1, 2):
+        for seed in SEEDS:
             run = out / "runs" / f"{variant}-s{seed}"
             for name in ("config.toml", "episodes.csv", "train.csv", "eval.csv", "valid.csv",
                          "checkpoints/latest.pt", "checkpoints/best.pt"):
@@ -66,7 +68,9 @@ def test_every_artefact_is_written(compared):
 
 
 def test_report_numbers_equal_a_recomputation_from_the_raw_csv(compared):
-    _, out, _ = compared
+    _, out, stdout = compared
+    assert "aggregate, IQM over seeds x seats (raw scores; no published figures for this game; 95% stratified " \
+           "bootstrap CI): shared " in stdout
     rows = read_csv(out / "episodes.csv")
     results = json.loads((out / "results.json").read_text())
     report = (out / "report.md").read_text()
@@ -78,7 +82,7 @@ def test_report_numbers_equal_a_recomputation_from_the_raw_csv(compared):
         seat_means = []
         for seat in SEATS:
             per_seed = []
-            for seed in (1, 2):
+            for seed in SEEDS:
                 scores = [float(r["score"]) for r in rows if r["match"] == "vs_random" and r["seat"] == seat
                           and r["player"] == f"{variant}-s{seed}"]
                 assert len(scores) == 4
@@ -87,12 +91,19 @@ def test_report_numbers_equal_a_recomputation_from_the_raw_csv(compared):
                 assert run["final"]["vs_random"][seat]["mean"] == pytest.approx(np.mean(scores))
                 assert run["final"]["vs_random"][seat]["half_width"] == pytest.approx(half(scores))
             got = results["variants"][variant]["vs_random"][seat]
-            assert got["n"] == 2 and got["mean"] == pytest.approx(np.mean(per_seed))
+            assert got["n"] == 3 and got["mean"] == pytest.approx(np.mean(per_seed))
             assert got["half_width"] == pytest.approx(half(per_seed))
             column = 1 + SEATS.index(seat)
             assert summary_rows[variant][column] == f"{np.mean(per_seed):.2f} ± {half(per_seed):.2f}"
             seat_means.append(per_seed)
-        assert results["variants"][variant]["seeds"] == 2 and summary_rows[variant][0] == "2"
+        assert results["variants"][variant]["seeds"] == 3 and summary_rows[variant][0] == "3"
+        # the aggregate: IQM over seeds x seats (catch has no published figures: raw scores), stratified by seat
+        agg = results["variants"][variant]["aggregate"]
+        assert agg == game_aggregate(CATCH, dict(zip(SEATS, seat_means))).to_dict()
+        pooled = np.sort(np.ravel(seat_means))  # 6 scores: int(1.5) = 1 cut at each end
+        assert agg["iqm"] == pytest.approx(pooled[1:5].mean()) and agg["runs"] == 6 and not agg["normalized"]
+        assert f"{variant} {agg['iqm']:.3g} [{agg['low']:.3g}, {agg['high']:.3g}]" in stdout
+        assert f"{variant} {agg['iqm']:.3g} [{agg['low']:.3g}, {agg['high']:.3g}]" in report.split("Aggregate: ")[1]
 
     # the random baseline: all-random episodes on the same seeds
     for seat in SEATS:
@@ -105,8 +116,8 @@ def test_report_numbers_equal_a_recomputation_from_the_raw_csv(compared):
     # head-to-head: every shared final network against every independent one, seats swapped
     wins = draws = losses = 0
     pair_points = []
-    for a in ("shared-s1", "shared-s2"):
-        for b in ("independent-s1", "independent-s2"):
+    for a in (f"shared-s{seed}" for seed in SEEDS):
+        for b in [f"independent-s{seed}" for seed in SEEDS]:
             games = {}
             for r in rows:
                 players = {p.split("=")[1] for p in r["setting"].split(" ")}
@@ -167,7 +178,7 @@ def test_rerun_keeps_finished_runs_and_reuses_evaluations(compared):
     results_before = json.loads((out / "results.json").read_text())
     proc = run_madqn("compare", *ARGS, "--out", out, cwd=tmp)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("finished earlier (300 agent steps): kept") == 4
+    assert proc.stdout.count("finished earlier (300 agent steps): kept") == 6
     assert re.search(r"(\d+) of \1 evaluation matches read from", proc.stdout)
     assert {p: p.stat().st_mtime_ns for p in checkpoints} == before
     results = json.loads((out / "results.json").read_text())
@@ -181,11 +192,11 @@ def test_unfinished_runs_resume_and_mismatched_configs_are_refused(compared, tmp
     from madqn.config import make_config
 
     cfg = make_config(out / "config.toml")
-    settings = CompareSettings(config=cfg, seeds=[1, 2], out=out)
-    assert [p.status for p in plan_runs(settings)] == ["done"] * 4
-    longer = CompareSettings(config=cfg.replace(steps=400), seeds=[1, 2], out=out)
+    settings = CompareSettings(config=cfg, seeds=list(SEEDS), out=out)
+    assert [p.status for p in plan_runs(settings)] == ["done"] * 6
+    longer = CompareSettings(config=cfg.replace(steps=400), seeds=list(SEEDS), out=out)
     plans = plan_runs(longer)
-    assert [(p.status, p.step) for p in plans] == [("resume", 300)] * 4
+    assert [(p.status, p.step) for p in plans] == [("resume", 300)] * 6
     command = train_command(longer, plans[0], out / "config.toml")
     assert command[-6:] == ["--resume", str(out / "runs" / "shared-s1"), "--steps", "400", "--set", "num_threads=1"] \
         or command[-4:] == ["--resume", str(out / "runs" / "shared-s1"), "--steps", "400"]

@@ -19,6 +19,9 @@ score, with a Student-t 95% interval over seeds (seeds are the independent repli
 one run share its network). Head-to-head: the points per game (win 1, draw 1/2) of shared against
 independent in each seed pairing, mean and interval over pairings, and the pooled win/draw/loss
 counts. Ratings: ``madqn.evaluation.rating.fit_ratings`` over every two-sided game played, random anchored at 0.
+Aggregate: the interquartile mean over seeds x seats with a stratified-bootstrap interval (rliable's
+statistic, ``madqn.evaluation.aggregate``), on the scale 0 = random vs random, 1 = the multiplayer-ALE
+paper's 50M-step score where the game has published figures, else of raw scores.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from madqn.api import RESUME_SAFE_KEYS
 from madqn.config import Config
 from madqn.envs.adapters import make_env
 from madqn.errors import CheckpointError, MadqnError
+from madqn.evaluation.aggregate import game_aggregate
 from madqn.evaluation.agents import load_agents
 from madqn.evaluation.protocol import (CROSS, Player, RANDOM, RANDOM_VS_RANDOM, VS_RANDOM, cross_play, cross_settings,
                                        episode_scores, games, length_summary, random_baseline, record, score_summary,
@@ -412,6 +416,7 @@ def build_results(settings: CompareSettings, plans: list[RunPlan], players: list
         facts["best_player"] = player_results(best_of[plan.name]) if plan.name in best_of else None
         runs.append(facts)
 
+    c = settings.config
     variants: dict[str, Any] = {}
     for variant in VARIANTS:
         members = [r for r in runs if r["variant"] == variant]
@@ -429,6 +434,10 @@ def build_results(settings: CompareSettings, plans: list[RunPlan], players: list
             "steps": int(np.mean([r["steps"] for r in members])),
             "updates": float(np.mean([sum(r["updates"].values()) for r in members])),
             "samples": float(np.mean([r["samples"] for r in members])),
+            # IQM over seeds x seats with a stratified bootstrap (tasks = seats), normalised where the game has
+            # published figures (madqn.evaluation.aggregate)
+            "aggregate": game_aggregate(str(c.env), {s: [r["final"]["vs_random"][s]["mean"] for r in members]
+                                                     for s in seats}, confidence=conf).to_dict(),
         }
 
     head_to_head = None
@@ -451,7 +460,6 @@ def build_results(settings: CompareSettings, plans: list[RunPlan], players: list
                         "length": length_summary([r for p in pairs for r in pair_rows(rows, p["shared"],
                                                                                       p["independent"])]).to_dict()}
 
-    c = settings.config
     return {
         "env": c.env, "steps": c.steps, "seeds": list(settings.seeds), "variants_order": list(VARIANTS),
         "seats": seats, "epsilon": settings.epsilon, "episodes": settings.episodes,

@@ -191,6 +191,14 @@ def markdown(results: dict[str, Any], files: dict[str, Path]) -> str:
     lines += ["vs random: each trained seat against random players in every other seat (the multiplayer-ALE "
               "protocol); the baseline row is random in that seat too, on the same episodes. "
               "Samples: gradient updates x minibatch size.", ""]
+    aggregates = {variant: v.get("aggregate") for variant, v in r["variants"].items()}
+    if all(aggregates.values()):
+        scale = ("normalised so that 0 is random vs random and 1 the multiplayer-ALE paper's score at 50M agent steps"
+                 if all(a["normalized"] for a in aggregates.values()) else "raw scores (no published figures for this game)")
+        lines += ["Aggregate: interquartile mean of the vs-random scores over seeds x seats, " + scale
+                  + ", with a 95% stratified-bootstrap interval (seats as tasks, rliable's statistic): "
+                  + "; ".join(f"{variant} {a['iqm']:.3g} [{a['low']:.3g}, {a['high']:.3g}]"
+                              for variant, a in aggregates.items()) + ".", ""]
 
     # -- head to head
     if two_sided:
