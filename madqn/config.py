@@ -131,6 +131,16 @@ class Config:
                                 "probability one seat, drawn uniformly, acts uniformly at random for the whole episode (its "
                                 "transitions are stored like any others; episodes.csv marks it in 'random_seat'); 0 = "
                                 "every seat acts with the networks, as in DQN3.0", min=0.0, max=1.0)
+    pool_every: int = _f(0, "opponent pool for self-play (madqn.training.pool): copy the networks' weights into the pool "
+                         "every pool_every agent steps (0 = no pool) [agent steps]", min=0)
+    pool_size: int = _f(10, "opponent pool: snapshots kept (the oldest is dropped)", min=1)
+    pool_prob: float = _f(0.5, "opponent pool: at each episode start of an env copy, with this probability one seat, "
+                          "drawn uniformly, is played by a snapshot for the whole episode (greedy up to eval_ep; its "
+                          "transitions are stored like any others; episodes.csv names it in 'snapshot_step')",
+                          min=0.0, max=1.0)
+    pool_sampling: str = _f("uniform", "opponent pool: which snapshot plays: 'uniform', or 'pfsp' (prioritized "
+                            "fictitious self-play: weight (1 - p)^2, p = the networks' points per game against it)",
+                            choices=("uniform", "pfsp"))
     precision: str = _f("fp32", "learner arithmetic: 'fp32' (DQN3.0), 'bf16' (autocast forwards and backward; weights, targets and optimizer stay fp32), 'auto' (bf16 where the CPU/GPU supports it natively)",
                         choices=("fp32", "bf16", "auto"))
     compile: bool = _f(False, "compile the learner's update with torch.compile: the forwards, DQN3.0's targets and the "
@@ -197,6 +207,12 @@ class Config:
                               "hidden layer becomes the V and A streams)")
         if self.prioritized and self.priority_eps <= 0:
             raise ConfigError(f"config key 'priority_eps' must be > 0 with prioritized replay, got {self.priority_eps!r}")
+        if self.pool_every > 0 and self.random_opponent + self.pool_prob > 1:
+            raise ConfigError(f"config keys 'random_opponent' ({self.random_opponent}) and 'pool_prob' "
+                              f"({self.pool_prob}) are chances of one episode start and must add up to at most 1")
+        if self.pool_every > 0 and self.backend != "local":
+            raise ConfigError(f"config key 'pool_every' (the opponent pool) needs backend = 'local'; got "
+                              f"backend = {self.backend!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"config key 'device' must be auto, cpu, cuda or cuda:N; got {self.device!r}")
 

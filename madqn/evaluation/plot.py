@@ -19,7 +19,7 @@ import numpy as np
 
 from madqn.config import Config, load_toml, make_config
 from madqn.errors import ConfigError, MadqnError
-from madqn.training.metrics import played_randomly
+from madqn.training.metrics import played_by_opponent
 
 # Keys that do not change what is learned (or only how long): not part of a run's variant.
 BOOKKEEPING_KEYS = frozenset({"seed", "device", "num_threads", "steps", "prog_freq", "save_freq", "save_replay",
@@ -81,8 +81,8 @@ def load_run(run_dir: str | Path, source: str = "episodes") -> RunCurves:
             for row in csv.DictReader(f):
                 if source == "eval" and int(row["episodes"]) == 0:
                     continue  # no episode completed within the evaluation budget
-                if source == "episodes" and played_randomly(row):
-                    continue  # a seat that acted at random that episode (random_opponent): not the network's score
+                if source == "episodes" and played_by_opponent(row):
+                    continue  # a seat played at random or by a pool snapshot that episode: not the network's score
                 steps.setdefault(row[agent_key], []).append(int(row["step"]))
                 scores.setdefault(row[agent_key], []).append(float(row[score_key]))
     except FileNotFoundError:

@@ -19,7 +19,7 @@ per round of turns (:func:`starts_round`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, Sequence
 
 import numpy as np
@@ -31,6 +31,7 @@ from madqn.errors import ConfigError
 from madqn.training.learners import group_members
 from madqn.core.policy import ActingNetworks
 from madqn.core.rng import generator_state, set_generator_state
+from madqn.training.pool import OpponentPool
 
 
 @dataclass
@@ -46,6 +47,8 @@ class Slot:
     score: float = 0.0  # raw (unclipped) score of the current episode
     length: int = 0  # agent steps in the current episode
     random: bool = False  # this episode the seat acts uniformly at random (config.random_opponent)
+    snapshot: int | None = None  # this episode a snapshot of the opponent pool plays the seat: its agent step
+    snapshot_networks: list[torch.nn.Module] | None = field(default=None, repr=False)  # that snapshot's networks
 
 
 @dataclass
@@ -58,6 +61,11 @@ class EpisodeRecord:
     truncated: bool
     epsilon: float  # what the network seats acted with at the episode's last step (ActingLoop.epsilon)
     random_seats: tuple[str, ...] = ()  # seats that acted uniformly at random (config.random_opponent)
+    snapshot_seats: dict[str, int] = field(default_factory=dict)  # seat -> step of the pool snapshot that played it
+
+    def opponent_seats(self) -> set[str]:
+        """Seats not played by the current networks this episode (random players, pool snapshots)."""
+        return set(self.random_seats) | set(self.snapshot_seats)
 
 
 class Entry(NamedTuple):
@@ -129,7 +137,8 @@ class ActingLoop:
     infos); ``fixed_epsilon``: act with this epsilon instead of DQN3.0's schedule (Ape-X actors).
 
     With ``config.random_opponent`` > 0 an episode may start with one seat drawn to act uniformly at random
-    throughout (epsilon 1 for its slot), so that the other seats also learn from games against a random player.
+    throughout (epsilon 1 for its slot), so that the other seats also learn from games against a random player;
+    with ``config.pool_every`` > 0, one played by a snapshot of the networks (madqn.training.pool).
     """
 
     def __init__(self, config: Config, envs: Sequence[Any], networks: Sequence[torch.nn.Module], sink: Sink,
@@ -145,6 +154,11 @@ class ActingLoop:
         self.agents = list(first.possible_agents)
         if config.random_opponent > 0 and len(self.agents) < 2:
             raise ConfigError(f"config key 'random_opponent' needs at least two agents; the env has {len(self.agents)}")
+        self.pool = OpponentPool(config.pool_every, config.pool_size, config.pool_sampling) \
+            if config.pool_every > 0 else None
+        if self.pool is not None and len(self.agents) < 2:
+            raise ConfigError(f"config key 'pool_every' (the opponent pool) needs at least two agents; the env has "
+                              f"{len(self.agents)}")
         members = group_members(config, self.agents)
         self.group_index = {a: k for k, (_, agents) in enumerate(members) for a in agents}
         self.n_actions = [int(first.action_space(agents[0]).n) for _, agents in members]
@@ -199,7 +213,9 @@ class ActingLoop:
         """The results of :meth:`send`: transitions and finished episodes into the sink; the step count advances."""
         for i, actions in sent.stepping:
             self._step_env(i, actions)
-        self.step += sent.agent_steps
+        prev, self.step = self.step, self.step + sent.agent_steps
+        if self.pool is not None and self.pool.due(prev, self.step):
+            self.pool.add(self.step, self.policy.networks)
 
     def _agent_steps(self, i: int, actions: dict[str, int]) -> int:
         """What this step of env copy ``i`` adds to the counter (madqn.config): 1 in a parallel env; in a
@@ -220,6 +236,14 @@ class ActingLoop:
         actions = np.zeros(len(slots), dtype=np.int64)
         if not slots:
             return actions
+        snapshot_rows = [k for k, s in enumerate(slots) if s.snapshot is not None]
+        if snapshot_rows:  # seats played by pool snapshots: their own networks, at the evaluation epsilon
+            live = [k for k, s in enumerate(slots) if s.snapshot is None]
+            actions[live] = self.act([slots[k] for k in live], epsilon)
+            for step in sorted({slots[k].snapshot for k in snapshot_rows}):
+                rows = [k for k in snapshot_rows if slots[k].snapshot == step]
+                actions[rows] = self._act_snapshot([slots[k] for k in rows])
+            return actions
         groups = np.array([self.group_index[s.agent] for s in slots], dtype=np.int64)
         ids = np.array([s.agent_id for s in slots], dtype=np.int64)
         kinds = {(self.n_actions[self.group_index[s.agent]], s.history.frames.shape, s.history.frames.dtype)
@@ -237,6 +261,26 @@ class ActingLoop:
 
             n = self.n_actions[groups[rows[0]]]
             eps = np.array([1.0 if s.random else epsilon for s in members])
+            actions[rows] = epsilon_greedy(q_fn, len(members), eps, self.rng, n, self._masks(members, n))
+        return actions
+
+    def _act_snapshot(self, slots: list[Slot]) -> np.ndarray:
+        """Epsilon-greedy actions (``config.eval_ep``) of seats played by one pool snapshot."""
+        networks = slots[0].snapshot_networks
+        actions = np.zeros(len(slots), dtype=np.int64)
+        for g in sorted({self.group_index[s.agent] for s in slots}):
+            rows = np.array([k for k, s in enumerate(slots) if self.group_index[s.agent] == g])
+            members = [slots[k] for k in rows]
+            net = networks[g]
+
+            def q_fn(sel: np.ndarray, members=members, net=net) -> np.ndarray:
+                x = torch.from_numpy(np.stack([members[k].history.state() for k in sel]))
+                ids = torch.as_tensor([members[k].agent_id for k in sel]) if getattr(net, "n_agents", 0) else None
+                with torch.no_grad():
+                    return net(x, ids).float().numpy()
+
+            n = self.n_actions[g]
+            eps = np.full(len(members), self.config.eval_ep)
             actions[rows] = epsilon_greedy(q_fn, len(members), eps, self.rng, n, self._masks(members, n))
         return actions
 
@@ -283,9 +327,14 @@ class ActingLoop:
     def _end_episode(self, i: int, truncated: bool) -> None:
         slots = [self.slots[(i, a)] for a in self.agents]
         self.episodes += 1
+        snapshots = {s.agent: s.snapshot for s in slots if s.snapshot is not None}
+        if snapshots and self.pool is not None:  # the networks' points against the snapshot (PFSP's statistics)
+            theirs = np.mean([s.score for s in slots if s.agent in snapshots])
+            ours = np.mean([s.score for s in slots if s.agent not in snapshots and not s.random])
+            self.pool.result(next(iter(snapshots.values())), 1.0 if ours > theirs else 0.5 if ours == theirs else 0.0)
         self.sink.episode(EpisodeRecord(self.step, self.episodes, i, {s.agent: s.score for s in slots},
                                         {s.agent: s.length for s in slots}, truncated, self.epsilon(),
-                                        tuple(s.agent for s in slots if s.random)))
+                                        tuple(s.agent for s in slots if s.random), snapshots))
 
     def _reset_env(self, i: int) -> None:
         for a in self.agents:
@@ -300,12 +349,22 @@ class ActingLoop:
             slot = self.slots[(i, a)]
             slot.history.reset()
             slot.score, slot.length, slot.reward, slot.random = 0.0, 0, 0.0, False
-        if self.config.random_opponent > 0 and self.rng.random() < self.config.random_opponent:
-            self.slots[(i, self.agents[int(self.rng.integers(len(self.agents)))])].random = True
+            slot.snapshot, slot.snapshot_networks = None, None
+        c = self.config
+        if c.random_opponent > 0 or (self.pool is not None and len(self.pool)):
+            u = self.rng.random()
+            if u < c.random_opponent:
+                self.slots[(i, self.agents[int(self.rng.integers(len(self.agents)))])].random = True
+            elif self.pool is not None and len(self.pool) and u < c.random_opponent + c.pool_prob:
+                slot = self.slots[(i, self.agents[int(self.rng.integers(len(self.agents)))])]
+                self._play_snapshot(slot, self.pool.draw(self.rng))
         for a, o in obs.items():
             self.slots[(i, a)].history.push(o)
         self.observations[i] = dict(obs)
         self.infos[i] = infos
+
+    def _play_snapshot(self, slot: Slot, step: int) -> None:
+        slot.snapshot, slot.snapshot_networks = step, self.pool.networks(step, self.policy.networks)
 
     # ---- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -318,12 +377,15 @@ class ActingLoop:
                 "observations": [dict(obs) for obs in self.observations],
                 "action_masks": [{a: np.asarray(info["action_mask"], bool) for a, info in infos.items()
                                   if isinstance(info, dict) and info.get("action_mask") is not None}
-                                 for infos in self.infos]}
+                                 for infos in self.infos],
+                **({"pool": self.pool.state_dict()} if self.pool is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> bool:
         """Restore (after ``step``); True when every env copy continues its episode exactly. Otherwise (an env
         cannot set its state) every env copy starts a fresh episode, seeded from the step."""
         set_generator_state(self.rng, state["rng"])
+        if self.pool is not None and "pool" in state:
+            self.pool.load_state_dict(state["pool"])
         envs = state["envs"]
         exact = len(envs) == len(self.envs) and all(
             s is not None and hasattr(env, "set_state") for s, env in zip(envs, self.envs))
@@ -340,6 +402,9 @@ class ActingLoop:
             slot.pending = None if p is None else (p["frame"], int(p["action"]), p["mask"])
             slot.reward, slot.score, slot.length = float(saved["reward"]), float(saved["score"]), int(saved["length"])
             slot.random = bool(saved.get("random", False))  # checkpoints before random_opponent have no such key
+            snapshot = saved.get("snapshot")
+            if self.pool is not None and snapshot is not None and self.pool.get(int(snapshot)) is not None:
+                self._play_snapshot(slot, int(snapshot))
         self.observations = [dict(obs) for obs in state["observations"]]
         self.infos = [{a: {"action_mask": m} for a, m in masks.items()} for masks in state["action_masks"]]
         return True
@@ -369,4 +434,4 @@ def _slot_state(slot: Slot) -> dict[str, Any]:
         pending = {"frame": frame, "action": int(action), "mask": None if mask is None else np.asarray(mask, bool)}
     return {"env": slot.env_index, "agent": slot.agent, "history": slot.history.frames.copy(), "pending": pending,
             "reward": float(slot.reward), "score": float(slot.score), "length": int(slot.length),
-            "random": bool(slot.random)}
+            "random": bool(slot.random), "snapshot": slot.snapshot}

@@ -185,6 +185,8 @@ ACTING_LAYOUT: dict[str, dict[str, type]] = {
     "local": {"envs": list, "slots": list, "observations": list, "action_masks": list},
     "ray": {"held": list},
 }
+# what the acting side saves only where it has it: the opponent pool (config.pool_every > 0)
+OPTIONAL_ACTING_KEYS = ("pool",)
 
 
 def _has_layout(obj: dict[str, Any], layout: dict[str, Any]) -> bool:
@@ -389,7 +391,7 @@ def restore_trainer(trainer: Any, state: dict[str, Any], path: Path) -> bool:
 
 def acting_state(state: dict[str, Any]) -> dict[str, Any]:
     """The acting side's part of a checkpoint, as numpy arrays and plain values."""
-    keys = [k for layout in ACTING_LAYOUT.values() for k in layout]
+    keys = [k for layout in ACTING_LAYOUT.values() for k in layout] + list(OPTIONAL_ACTING_KEYS)
     return {"rng": state["rng"]["numpy"], **_to_numpy({k: state[k] for k in keys if k in state})}
 
 

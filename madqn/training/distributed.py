@@ -645,7 +645,8 @@ class DistributedTrainer(TrainerBase):
         for r in batch.episodes:
             self.episodes += 1
             record = EpisodeRecord(self.step + batch.steps, self.episodes, batch.actor * self.config.num_envs
-                                   + r.env_index, r.scores, r.lengths, r.truncated, r.epsilon, r.random_seats)
+                                   + r.env_index, r.scores, r.lengths, r.truncated, r.epsilon, r.random_seats,
+                                   r.snapshot_seats)
             for h in self.hooks:
                 h.on_episode(self, record)
 

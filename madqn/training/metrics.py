@@ -2,7 +2,8 @@
 
 Files in the run directory:
 - ``episodes.csv``: one row per agent per finished episode (raw, unclipped score; ``random_seat`` 1 when the
-  seat acted uniformly at random that episode, ``config.random_opponent``).
+  seat acted uniformly at random that episode, ``config.random_opponent``; ``snapshot_step`` the agent step of
+  the opponent-pool snapshot that played the seat, empty when the current networks did, ``config.pool_every``).
 - ``train.csv``: one row per learner every ``prog_freq`` agent steps (updates, mean |clipped delta|,
   mean Q(s,a), mean max Q_target(s2), epsilon, learning rate, agent steps/s).
 
@@ -21,7 +22,7 @@ from typing import TextIO
 from madqn.training.trainer import EpisodeRecord, Hook, Trainer
 
 EPISODE_FIELDS = ["step", "episode", "env", "agent", "score", "length", "truncated", "epsilon", "wall_time",
-                  "random_seat"]
+                  "random_seat", "snapshot_step"]
 TRAIN_FIELDS = ["step", "learner", "updates", "abs_delta", "q_mean", "q2_max", "epsilon", "lr", "steps_per_s",
                 "replay_size", "wall_time"]
 
@@ -74,7 +75,7 @@ class MetricsHook(Hook):
         self.train = CsvWriter(self.run_dir / "train.csv", TRAIN_FIELDS)
         self.recent = {a: deque(maxlen=self.window) for a in trainer.agents}
         for row in read_rows(self.run_dir / "episodes.csv"):  # a resumed run: its earlier episodes
-            if row.get("agent") in self.recent and not played_randomly(row):
+            if row.get("agent") in self.recent and not played_by_opponent(row):
                 self.recent[row["agent"]].append(float(row["score"]))
         self.last_step, self.last_time = trainer.step, time.time()
         self.last_updates = {g.name: g.updates for g in trainer.groups}
@@ -85,12 +86,16 @@ class MetricsHook(Hook):
         wall = time.time() - trainer.start_time
         for agent, score in record.scores.items():
             random_seat = agent in record.random_seats
-            if not random_seat:  # the recent scores are the networks'
+            snapshot = record.snapshot_seats.get(agent)
+            if not random_seat and snapshot is None:  # the recent scores are the networks'
                 self.recent[agent].append(score)
             self.episodes.write({"step": record.step, "episode": record.episode, "env": record.env_index,
                                  "agent": agent, "score": score, "length": record.lengths[agent],
-                                 "truncated": int(record.truncated), "epsilon": 1.0 if random_seat else round(eps, 6),
-                                 "wall_time": round(wall, 3), "random_seat": int(random_seat)})
+                                 "truncated": int(record.truncated),
+                                 "epsilon": 1.0 if random_seat else trainer.config.eval_ep if snapshot is not None
+                                 else round(eps, 6),
+                                 "wall_time": round(wall, 3), "random_seat": int(random_seat),
+                                 "snapshot_step": "" if snapshot is None else int(snapshot)})
 
     def on_step(self, trainer: Trainer) -> None:
         if trainer.step >= self.next_report:
@@ -142,6 +147,12 @@ def read_rows(path: Path) -> list[dict]:
         return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def played_by_opponent(row: dict) -> bool:
+    """An ``episodes.csv`` row of a seat the current networks did not play that episode: a random player
+    (``random_opponent``) or an opponent-pool snapshot (``pool_every``); its score is not the networks'."""
+    return played_randomly(row) or bool(row.get("snapshot_step"))
 
 
 def played_randomly(row: dict) -> bool:

@@ -196,7 +196,7 @@ class ProgressHook(Hook):
 
     def on_episode(self, trainer: Trainer, record: EpisodeRecord) -> None:
         for agent, score in record.scores.items():
-            if agent not in record.random_seats:  # the recent scores are the networks'
+            if agent not in record.opponent_seats():  # the recent scores are the networks'
                 self.recent[agent].append(score)
 
     def on_scalars(self, trainer: Trainer, step: int, scalars: dict[str, float]) -> None:

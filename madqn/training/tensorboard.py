@@ -48,7 +48,7 @@ class TensorBoardHook(Hook):
 
     def on_episode(self, trainer: Trainer, record: EpisodeRecord) -> None:
         for agent, score in record.scores.items():
-            if agent not in record.random_seats:  # a seat acting at random (random_opponent) is not the network
+            if agent not in record.opponent_seats():  # a seat acting at random (random_opponent) is not the network
                 self.writer.add_scalar(f"score/{agent}", score, record.step)
             self.writer.add_scalar(f"episode_length/{agent}", record.lengths[agent], record.step)
 

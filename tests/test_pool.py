@@ -1,0 +1,177 @@
+"""The opponent pool for self-play (madqn.training.pool): its schedule and capacity, the snapshot a seat plays
+with, how snapshots are drawn (uniform and PFSP, chi-square tests), checkpoints and resume, and a real run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2
+
+import madqn
+from madqn.config import Config, make_config
+from madqn.errors import ConfigError
+from madqn.training.acting import ActingLoop, RecordingSink
+from madqn.training.checkpoint import safe_load
+from madqn.training.learners import group_members, q_network_for
+from madqn.training.pool import OpponentPool
+from madqn.envs.vecenv import make_envs
+from helpers import read_csv
+
+ROOT = Path(__file__).resolve().parents[1]
+CATCH = f"{ROOT / 'tests' / 'tiny_catch.py'}:make"
+TINY = dict(env=CATCH, replay_memory=500, prog_freq=100, save_freq=1000, eval_freq=0, valid_size=0, device="cpu",
+            hist_len=2, mlp_hidden=[16], num_threads=1, final_eval_episodes=0, vector_env="inline")
+
+
+def _nets(cfg, envs, seed):
+    torch.manual_seed(seed)
+    return [q_network_for(cfg, envs[0].observation_space(agents[0]).shape, 3, len(envs[0].possible_agents))
+            for _, agents in group_members(cfg, envs[0].possible_agents)]
+
+
+def _chi_square_p(counts: np.ndarray, probabilities: np.ndarray) -> float:
+    expected = probabilities * counts.sum()
+    return float(chi2.sf(((counts - expected) ** 2 / expected).sum(), len(counts) - 1))
+
+
+def test_snapshots_every_k_agent_steps_at_most_m_oldest_dropped():
+    pool = OpponentPool(every=100, size=3)
+    net = torch.nn.Linear(2, 3)
+    taken = []
+    step = 0
+    for advance in [30, 30, 30, 30, 7, 93, 250, 2, 98, 100, 1]:  # steps cross multiples of 100 unevenly
+        prev, step = step, step + advance
+        if pool.due(prev, step):
+            with torch.no_grad():
+                net.bias.fill_(step)
+            pool.add(step, [net])
+            taken.append(step)
+    assert taken == [120, 220, 470, 570, 670]  # once per crossing, at the step it happened (250 crosses 2: once)
+    assert [s.step for s in pool.snapshots] == [470, 570, 670]  # size 3: the oldest dropped
+    assert [float(s.weights[0]["bias"][0]) for s in pool.snapshots] == [470.0, 570.0, 670.0]  # copies, not views
+    assert not OpponentPool(every=0, size=3).due(0, 10_000)
+
+
+def test_uniform_and_pfsp_draws_follow_their_probabilities():
+    pool = OpponentPool(every=1, size=4, sampling="pfsp")
+    for step in range(4):
+        pool.add(step, [torch.nn.Linear(2, 2)])
+    # the networks' record against each snapshot: 9 of 9 won, 0 of 9, none played, 1.5 points of 3
+    for step, outcomes in enumerate([[1.0] * 9, [0.0] * 9, [], [1.0, 0.5, 0.0]]):
+        for points in outcomes:
+            pool.result(step, points)
+    win = np.array([9.5 / 10, 0.5 / 10, 0.5, 2.0 / 4])  # (points + 1/2) / (games + 1)
+    want = (1 - win) ** 2 / ((1 - win) ** 2).sum()
+    np.testing.assert_allclose(pool.probabilities(), want)
+    rng = np.random.default_rng(0)
+    counts = np.bincount([pool.draw(rng) for _ in range(20_000)], minlength=4)
+    assert _chi_square_p(counts, want) > 0.001
+    assert _chi_square_p(counts, np.full(4, 0.25)) < 1e-12  # the test tells PFSP from uniform
+    pool.sampling = "uniform"
+    counts = np.bincount([pool.draw(rng) for _ in range(20_000)], minlength=4)
+    assert _chi_square_p(counts, np.full(4, 0.25)) > 0.001
+    assert _chi_square_p(counts, want) < 1e-12
+
+
+def test_a_snapshot_seat_plays_with_the_snapshots_weights_not_the_current_ones():
+    cfg = Config(**TINY, steps=100, learn_start=0, ep_start=0.0, ep_end=0.0, ep_endt=1, eval_ep=0.0,
+                 sharing="shared", pool_every=8, pool_size=2, pool_prob=1.0, seed=5)
+    envs = make_envs(cfg.env, cfg)
+    (current,) = _nets(cfg, envs, seed=0)
+    loop = ActingLoop(cfg, envs, [current], RecordingSink(), np.random.default_rng(0), torch.device("cpu"))
+    while loop.step < 8:
+        loop.step_envs()
+    assert [s.step for s in loop.pool.snapshots] == [8]
+    loop.pool.every = 10**9  # no further snapshot: every snapshot seat below plays the one of step 8
+    saved = {k: v.clone() for k, v in current.state_dict().items()}
+    with torch.no_grad():  # the current network moves on: its greedy actions now differ from the snapshot's
+        for p in current.parameters():
+            p.add_(torch.randn_like(p))
+    while not any(s.snapshot is not None for s in loop.slots.values()):  # an episode start with a snapshot seat
+        loop.step_envs()
+    (slot,) = [s for s in loop.slots.values() if s.snapshot is not None]
+    assert slot.snapshot == 8
+    reference = q_network_for(cfg, envs[0].observation_space("left").shape, 3, 2)
+    reference.load_state_dict(saved)
+    state = torch.from_numpy(slot.history.state()[None])
+    ids = torch.tensor([slot.agent_id])
+    (snapshot_net,) = slot.snapshot_networks
+    with torch.no_grad():
+        torch.testing.assert_close(snapshot_net(state, ids), reference(state, ids), rtol=0, atol=0)
+        assert not torch.equal(current(state, ids), reference(state, ids))
+    # the seat's actions are the snapshot's greedy ones (eval_ep 0), over many states
+    for _ in range(60):
+        for s in [s for s in loop.slots.values() if s.snapshot is not None]:
+            with torch.no_grad():
+                q = reference(torch.from_numpy(s.history.state()[None]), torch.tensor([s.agent_id]))
+            assert loop.act([s], 0.0)[0] == int(q.argmax())
+        loop.step_envs()
+    loop.close()
+
+
+def test_episode_records_and_pfsp_statistics_name_the_snapshot_and_the_networks_points():
+    cfg = Config(**TINY, steps=600, learn_start=0, ep_start=0.0, ep_end=0.0, ep_endt=1, sharing="independent",
+                 pool_every=40, pool_size=3, pool_prob=0.5, pool_sampling="pfsp", seed=6)
+    envs = make_envs(cfg.env, cfg)
+    sink = RecordingSink()
+    loop = ActingLoop(cfg, envs, _nets(cfg, envs, seed=1), sink, np.random.default_rng(3), torch.device("cpu"))
+    while loop.step < cfg.steps:
+        loop.step_envs()
+    with_snapshot = [r for r in sink.episodes if r.snapshot_seats]
+    assert 0.3 < len(with_snapshot) / len(sink.episodes) < 0.6  # pool_prob 0.5 once the pool has a snapshot
+    assert all(len(r.snapshot_seats) == 1 for r in with_snapshot)
+    games = {s.step: 0 for s in loop.pool.snapshots}
+    points = dict.fromkeys(games, 0.0)
+    for r in with_snapshot:
+        ((seat, step),) = r.snapshot_seats.items()
+        assert step % 40 == 0 and step <= r.step
+        if step in games:
+            (other,) = [a for a in r.scores if a != seat]
+            games[step] += 1
+            points[step] += 1.0 if r.scores[other] > r.scores[seat] else 0.5 if r.scores[other] == r.scores[seat] else 0
+    assert {s.step: (s.games, s.points) for s in loop.pool.snapshots} == {k: (games[k], points[k]) for k in games}
+    loop.close()
+
+
+def test_a_run_with_the_pool_marks_snapshot_seats_and_resume_keeps_the_pool(tmp_path):
+    settings = {k: v for k, v in TINY.items() if k != "env"}
+    run = tmp_path / "run"
+    madqn.train(CATCH, run_dir=run, **{**settings, "save_freq": 200}, steps=400, learn_start=100, sharing="shared",
+                pool_every=50, pool_size=3, pool_prob=0.5, pool_sampling="pfsp", seed=2)
+    state = safe_load(run / "checkpoints" / "latest.pt")
+    pool = state["pool"]["snapshots"]
+    assert [s["step"] for s in pool] == [300, 350, 400]
+    rows = read_csv(run / "episodes.csv")
+    marked = [r for r in rows if r["snapshot_step"]]
+    assert marked and all(int(r["snapshot_step"]) % 50 == 0 for r in marked)
+    assert {r["epsilon"] for r in marked} == {"0.05"}  # a snapshot plays at the evaluation epsilon
+    assert {r["snapshot_step"] for r in rows if int(r["step"]) <= 50} == {""}  # no snapshot before the first
+    # resume: the pool comes back with its weights and statistics, and goes on taking snapshots
+    cfg = make_config(run / "config.toml")
+    from madqn.training.trainer import Trainer
+    from madqn.training.checkpoint import restore_trainer
+
+    with Trainer(cfg) as trainer:
+        restore_trainer(trainer, state, run / "checkpoints" / "latest.pt")
+        restored = trainer.acting.pool.snapshots
+        assert [(s.step, s.games, s.points) for s in restored] == [(s["step"], s["games"], s["points"]) for s in pool]
+        for s, saved in zip(restored, pool):
+            for got, want in zip(s.weights, saved["weights"]):
+                assert all(torch.equal(got[k], want[k]) for k in want)
+    madqn.train(resume=run, steps=500)
+    after = safe_load(run / "checkpoints" / "latest.pt")["pool"]["snapshots"]
+    assert [s["step"] for s in after] == [400, 450, 500]
+    assert all(torch.equal(after[0]["weights"][0][k], pool[2]["weights"][0][k]) for k in pool[2]["weights"][0])
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(pool_every=10, random_opponent=0.6, pool_prob=0.5), "must add up to at most 1"),
+    (dict(pool_every=10, backend="process"), "needs backend = 'local'"),
+    (dict(pool_every=10, pool_sampling="elo"), "pool_sampling"),
+])
+def test_bad_pool_settings_are_one_clear_line(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        Config(**TINY, **changes)
