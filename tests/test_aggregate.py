@@ -49,11 +49,16 @@ def test_normalised_scale_uses_the_papers_figures():
     assert normalized("pong_v3", 2.4) == 0.0 and normalized("pong_v3", 18.9) == pytest.approx(1.0)
     assert normalized("pong_v3", 17.1) == pytest.approx((17.1 - 2.4) / 16.5)
     assert normalized("boxing_v2", -1.0) == 0.0 and normalized("space_invaders_v2", 729) == pytest.approx(1.0)
+    # a seat's own random baseline as its zero (the paper's figures are first_0's), the paper's scale
+    assert normalized("pong_v3", -3.4, baseline=-3.4) == 0.0
+    assert normalized("pong_v3", 13.1, baseline=-3.4) == pytest.approx(1.0)
     assert normalized("catch", 1.0) is None
     assert set(REFERENCES) == {"pong_v3", "boxing_v2", "tennis_v3", "surround_v2", "space_invaders_v2"}
     # one game: the seats are the tasks, the seeds the runs
     g = game_aggregate("pong_v3", {"first_0": [17.1, 16.0], "second_0": [16.0, 17.4]})
     assert g.normalized and g.tasks == 2 and g.runs == 4
     assert g.iqm == pytest.approx(np.mean([(16.0 - 2.4) / 16.5, (17.1 - 2.4) / 16.5]))
+    seats = game_aggregate("pong_v3", {"first_0": [3.4], "second_0": [-3.4]}, {"first_0": 3.4, "second_0": -3.4})
+    assert seats.iqm == 0.0  # random play is 0 in both seats against each seat's own baseline
     raw = game_aggregate("catch", {"a": [1.0, 2.0]})
     assert not raw.normalized and raw.iqm == 1.5

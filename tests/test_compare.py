@@ -99,7 +99,8 @@ def test_report_numbers_equal_a_recomputation_from_the_raw_csv(compared):
         assert results["variants"][variant]["seeds"] == 3 and summary_rows[variant][0] == "3"
         # the aggregate: IQM over seeds x seats (catch has no published figures: raw scores), stratified by seat
         agg = results["variants"][variant]["aggregate"]
-        assert agg == game_aggregate(CATCH, dict(zip(SEATS, seat_means))).to_dict()
+        assert agg == game_aggregate(CATCH, dict(zip(SEATS, seat_means)),
+                                     {seat: results["baseline"][seat]["mean"] for seat in SEATS}).to_dict()
         pooled = np.sort(np.ravel(seat_means))  # 6 scores: int(1.5) = 1 cut at each end
         assert agg["iqm"] == pytest.approx(pooled[1:5].mean()) and agg["runs"] == 6 and not agg["normalized"]
         assert f"{variant} {agg['iqm']:.3g} [{agg['low']:.3g}, {agg['high']:.3g}]" in stdout

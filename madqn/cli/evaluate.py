@@ -299,7 +299,7 @@ def _summary_lines(results: dict[str, Any]) -> str:
         lines.append(f"  {variant:<12} " + ", ".join(parts))
     lines.append(f"  {'random':<12} " + ", ".join(f"{s} {fmt(results['baseline'][s])}" for s in seats))
     aggregates = {variant: v["aggregate"] for variant, v in results["variants"].items()}
-    scale = ("normalised: 0 = random vs random, 1 = Terry et al. 2020 at 50M agent steps"
+    scale = ("normalised: 0 = random in that seat on the same episodes, 1 = that plus Terry et al. 2020's gain at 50M agent steps"
              if all(a["normalized"] for a in aggregates.values()) else "raw scores; no published figures for this game")
     lines.append(f"  aggregate, IQM over seeds x seats ({scale}; 95% stratified bootstrap CI): "
                  + ", ".join(f"{variant} {a['iqm']:.3g} [{a['low']:.3g}, {a['high']:.3g}]"

@@ -9,7 +9,11 @@ with numpy (rliable itself pulls in arch, pandas and seaborn) and tested against
 
 Scores are normalised per game so that 0 is the random-vs-random score and 1 the score of the
 multiplayer-ALE paper's Ape-X DQN after 50M agent steps (Terry et al. 2020, the last logged evaluation
-against random players in its code's ``new_csvs/``): :data:`REFERENCES`. A task here is one game, or
+against random players in its code's ``new_csvs/``): :data:`REFERENCES`. The paper's figures are first_0's
+(its evaluation played the trained policy in the first seat only), so a seat's zero is best the random
+player's score in that seat measured on the same episodes (``madqn compare`` passes it); the paper's
+random figure is used where no such baseline is given, and the scale is always the paper's
+``paper - random``. A task here is one game, or
 one seat of a game when a single game is aggregated (``madqn compare``); a run is one seed (and seat).
 """
 
@@ -39,13 +43,15 @@ REFERENCES: dict[str, Reference] = {
 }
 
 
-def normalized(env: str, score: float) -> float | None:
-    """``score`` on the scale 0 = random vs random, 1 = the paper's 50M-step score; None for a game without
+def normalized(env: str, score: float, baseline: float | None = None) -> float | None:
+    """``score`` on the scale 0 = random vs random (``baseline``, the random player's score in the same seat,
+    else the paper's figure), 1 = that plus the paper's 50M-step gain over random; None for a game without
     published figures."""
     ref = REFERENCES.get(env)
     if ref is None:
         return None
-    return (float(score) - ref.random) / (ref.paper - ref.random)
+    zero = ref.random if baseline is None else float(baseline)
+    return (float(score) - zero) / (ref.paper - ref.random)
 
 
 def iqm(scores: np.ndarray | Sequence[float]) -> float:
@@ -96,10 +102,14 @@ def aggregate(tasks: Mapping[str, Sequence[float]], *, confidence: float = 0.95,
                      tasks=len(values), runs=sum(len(v) for v in values), normalized=False)
 
 
-def game_aggregate(env: str, seat_scores: Mapping[str, Sequence[float]], **kw) -> Aggregate:
-    """One game: tasks are its seats, runs the seeds; scores normalised when the game has published figures."""
+def game_aggregate(env: str, seat_scores: Mapping[str, Sequence[float]],
+                   baselines: Mapping[str, float] | None = None, **kw) -> Aggregate:
+    """One game: tasks are its seats, runs the seeds; scores normalised when the game has published figures
+    (``baselines``: the random player's score per seat on the same episodes, each seat's zero)."""
     norm = env in REFERENCES
-    tasks = {seat: [normalized(env, s) for s in scores] if norm else list(scores) for seat, scores in seat_scores.items()}
+    base = baselines or {}
+    tasks = {seat: [normalized(env, s, base.get(seat)) for s in scores] if norm else list(scores)
+             for seat, scores in seat_scores.items()}
     result = aggregate(tasks, **kw)
     result.normalized = norm
     return result

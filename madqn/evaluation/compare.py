@@ -437,7 +437,8 @@ def build_results(settings: CompareSettings, plans: list[RunPlan], players: list
             # IQM over seeds x seats with a stratified bootstrap (tasks = seats), normalised where the game has
             # published figures (madqn.evaluation.aggregate)
             "aggregate": game_aggregate(str(c.env), {s: [r["final"]["vs_random"][s]["mean"] for r in members]
-                                                     for s in seats}, confidence=conf).to_dict(),
+                                                     for s in seats},
+                                        {s: baseline[s]["mean"] for s in seats}, confidence=conf).to_dict(),
         }
 
     head_to_head = None

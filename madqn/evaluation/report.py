@@ -193,7 +193,8 @@ def markdown(results: dict[str, Any], files: dict[str, Path]) -> str:
               "Samples: gradient updates x minibatch size.", ""]
     aggregates = {variant: v.get("aggregate") for variant, v in r["variants"].items()}
     if all(aggregates.values()):
-        scale = ("normalised so that 0 is random vs random and 1 the multiplayer-ALE paper's score at 50M agent steps"
+        scale = ("normalised so that 0 is the random player in that seat on the same episodes and 1 that plus the "
+                 "multiplayer-ALE paper's gain over random at 50M agent steps"
                  if all(a["normalized"] for a in aggregates.values()) else "raw scores (no published figures for this game)")
         lines += ["Aggregate: interquartile mean of the vs-random scores over seeds x seats, " + scale
                   + ", with a 95% stratified-bootstrap interval (seats as tasks, rliable's statistic): "
