@@ -10,13 +10,27 @@ A proxy adds ``step_async(actions)`` / ``step_wait()``: the trainer sends every 
 runs the learning round while the workers emulate, then collects the results (DQN3.0's ``perceive``
 order: act, learn, then the emulator advances). A worker that raises or dies surfaces as a
 :class:`EnvWorkerError` naming the copy, never as a hang.
+
+Observations travel through shared memory, the rest through the pipe (:class:`SharedObservations`): the
+parent maps one segment per copy with a slot per agent whose observation space is a fixed-shape ``Box``,
+the worker writes each observation into its agent's slot and the pipe carries only rewards, flags, infos,
+the agent list and where each observation lies. The parent copies the frames out before it returns them
+(the acting loop keeps an observation past the next step, as the frame of its pending transition), so
+what a caller holds never changes under it. An observation that does not fit its slot (not an array of
+the space's shape and dtype) and every agent without a slot go through the pipe, pickled, as before.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import secrets
 import traceback
+from multiprocessing import shared_memory
 from typing import Any
+
+import numpy as np
+from gymnasium import spaces
 
 from madqn.config import Config
 from madqn.envs.adapters import make_env
@@ -76,8 +90,115 @@ def make_envs(spec: Any, config: Config) -> list[Any]:
     return envs
 
 
+Layout = dict[str, tuple[int, tuple[int, ...], str]]  # agent -> (byte offset, shape, dtype name) of its slot
+Placement = list[tuple[str, "str | None"]]  # (agent, the agent whose slot holds its observation, or None: piped)
+
+
+def observation_layout(observation_spaces: dict[str, Any]) -> tuple[Layout, int]:
+    """(the slots, total bytes) for the agents whose observation space is a numpy ``Box`` (a fixed shape and
+    dtype); the others have none. Slots start on 64-byte boundaries."""
+    layout, offset = {}, 0
+    for agent, space in observation_spaces.items():
+        if not isinstance(space, spaces.Box) or space.dtype is None or space.dtype.hasobject:
+            continue
+        nbytes = int(np.prod(space.shape, dtype=np.int64)) * space.dtype.itemsize
+        if nbytes == 0:
+            continue
+        layout[agent] = (offset, tuple(int(n) for n in space.shape), space.dtype.str)
+        offset += -(-nbytes // 64) * 64
+    return layout, offset
+
+
+class SharedObservations:
+    """One env copy's observations in one shared-memory segment: a slot per agent (:func:`observation_layout`),
+    written by the worker, copied out by the parent.
+
+    The parent creates the segment (:meth:`create`), the worker maps it by name (:meth:`attach`), then the
+    parent unlinks the name at once: both mappings stay valid, nothing is left in /dev/shm whatever happens
+    later, and the kernel frees the memory when the last process holding it closes it or dies.
+
+    :meth:`write` (worker) returns where each observation lies, one ``(agent, slot)`` per observation in the
+    env's order: ``slot`` is the agent whose slot holds it (one slot for agents handed the very same array, as
+    Atari hands every player its one screen), None for an observation sent through the pipe in ``piped`` (no
+    slot, or not an array of the slot's shape and dtype). :meth:`read` (parent) rebuilds the dict: a fresh
+    copy per slot, the same copy for agents that were handed one array (as the pipe's pickling gave).
+    """
+
+    def __init__(self, memory: shared_memory.SharedMemory, layout: Layout):
+        self.memory = memory
+        self.layout = layout
+        self.linked = True  # the name still exists (until the parent's unlink)
+        self.slots = {a: np.ndarray(shape, np.dtype(dtype), buffer=memory.buf, offset=offset)
+                      for a, (offset, shape, dtype) in layout.items()}
+
+    @classmethod
+    def create(cls, observation_spaces: dict[str, Any], index: int) -> "SharedObservations | None":
+        """The parent's segment for ``observation_spaces``; None when no agent has a slot or the system gives
+        no shared memory (the copy then uses the pipe)."""
+        layout, size = observation_layout(observation_spaces)
+        if not layout:
+            return None
+        try:
+            memory = shared_memory.SharedMemory(f"madqn_{os.getpid()}_{index}_{secrets.token_hex(4)}",
+                                                create=True, size=size)
+        except OSError:
+            return None
+        return cls(memory, layout)
+
+    @classmethod
+    def attach(cls, name: str, layout: Layout) -> "SharedObservations":
+        """The worker's mapping of the parent's segment."""
+        return cls(shared_memory.SharedMemory(name), layout)
+
+    def write(self, observations: dict[str, Any]) -> tuple[Placement, dict[str, Any]]:
+        placement, piped, written = [], {}, {}
+        for agent, obs in observations.items():
+            slot = written.get(id(obs))
+            if slot is None:
+                view = self.slots.get(agent)
+                if view is not None and isinstance(obs, np.ndarray) and obs.shape == view.shape \
+                        and obs.dtype == view.dtype:
+                    np.copyto(view, obs)
+                    slot = written[id(obs)] = agent
+                else:
+                    piped[agent] = obs
+            placement.append((agent, slot))
+        return placement, piped
+
+    def read(self, placement: Placement, piped: dict[str, Any]) -> dict[str, Any]:
+        observations, copies = {}, {}
+        for agent, slot in placement:
+            if slot is None:
+                observations[agent] = piped[agent]
+                continue
+            frame = copies.get(slot)
+            if frame is None:
+                frame = copies[slot] = self.slots[slot].copy()
+            observations[agent] = frame
+        return observations
+
+    def unlink(self) -> None:
+        """Remove the name (the parent, once the worker has mapped it); the mappings stay valid."""
+        if self.linked:
+            self.linked = False
+            try:
+                self.memory.unlink()
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        """Release this process's mapping (the views on it first: a mapping with views cannot close)."""
+        self.slots = {}
+        self.memory.close()
+
+
 def _worker(conn: Any, spec: str, config_dict: dict[str, Any], seed: int) -> None:
-    """Worker process main loop: build the env, answer (command, payload) messages until 'close'."""
+    """Worker process main loop: build the env, answer (command, payload) messages until 'close'.
+
+    A reply to 'step' or 'reset' is ((placement, piped), the env's result without the observations, the
+    agent list): observations in the shared segment once the parent sent 'attach' (:class:`SharedObservations`),
+    else all in ``piped`` with placement None."""
+    shared = None
     try:
         import cv2
 
@@ -88,12 +209,13 @@ def _worker(conn: Any, spec: str, config_dict: dict[str, Any], seed: int) -> Non
                           {a: env.action_space(a) for a in agents}, bool(getattr(env, "turn_based", False)))))
         while True:
             command, payload = conn.recv()
-            if command == "step":
-                result = env.step(payload)
-                conn.send(("ok", (result, list(env.agents))))
-            elif command == "reset":
-                result = env.reset(**payload)
-                conn.send(("ok", (result, list(env.agents))))
+            if command in ("step", "reset"):
+                obs, *rest = env.step(payload) if command == "step" else env.reset(**payload)
+                where = (None, obs) if shared is None else shared.write(obs)
+                conn.send(("ok", (where, rest, list(env.agents))))
+            elif command == "attach":
+                shared = SharedObservations.attach(*payload)
+                conn.send(("ok", None))
             elif command == "close":
                 env.close()
                 conn.send(("ok", None))
@@ -107,15 +229,26 @@ def _worker(conn: Any, spec: str, config_dict: dict[str, Any], seed: int) -> Non
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         except (BrokenPipeError, OSError):
             pass
+    finally:
+        if shared is not None:
+            shared.close()
 
 
 class WorkerEnv:
-    """One env copy living in a worker process, with the interface of the env it wraps."""
+    """One env copy living in a worker process, with the interface of the env it wraps.
 
-    def __init__(self, spec: str, config: Config, seed: int, *, index: int = 0):
+    ``shared_memory=False``: every observation through the pipe (the transport before shared memory; the
+    benchmark's reference). ``observations_shared`` / ``observations_piped`` count the observations returned
+    each way."""
+
+    def __init__(self, spec: str, config: Config, seed: int, *, index: int = 0, shared_memory: bool = True):
         self.index = index
         self._pending = False
         self._closed = False
+        self._use_shared = shared_memory
+        self._shared: SharedObservations | None = None
+        self.observations_shared = 0
+        self.observations_piped = 0
         self.agents: list[str] = []
         ctx = worker_context()
         self._conn, child = ctx.Pipe()
@@ -126,9 +259,19 @@ class WorkerEnv:
         self._ready = False
 
     def wait_ready(self) -> None:
-        if not self._ready:
-            self._possible_agents, self._obs_spaces, self._act_spaces, self._turn_based = self._receive("start")
-            self._ready = True
+        if self._ready:
+            return
+        self._possible_agents, self._obs_spaces, self._act_spaces, self._turn_based = self._receive("start")
+        self._ready = True
+        if self._use_shared:
+            self._shared = SharedObservations.create(self._obs_spaces, self.index)
+        if self._shared is not None:
+            try:
+                self._send("attach", (self._shared.memory.name, self._shared.layout))
+                self._receive("start")
+            finally:
+                if self._shared is not None:
+                    self._shared.unlink()  # both processes map it now: no name left behind, whatever follows
 
     # -- MultiAgentEnv -------------------------------------------------------------------------
     @property
@@ -152,8 +295,8 @@ class WorkerEnv:
     def reset(self, seed: int | None = None):
         self.wait_ready()
         self._send("reset", {} if seed is None else {"seed": seed})
-        result, self.agents = self._receive("reset")
-        return result
+        where, rest, self.agents = self._receive("reset")
+        return (self._observations(*where), *rest)
 
     def step(self, actions: dict[str, int]):
         self.step_async(actions)
@@ -172,8 +315,8 @@ class WorkerEnv:
         if not self._pending:
             raise RuntimeError("step_wait() without step_async()")
         self._pending = False
-        result, self.agents = self._receive("step")
-        return result
+        where, rest, self.agents = self._receive("step")
+        return (self._observations(*where), *rest)
 
     def close(self) -> None:
         if self._closed:
@@ -194,8 +337,23 @@ class WorkerEnv:
             if self._process.is_alive():
                 self._process.kill()
                 self._process.join(timeout=5.0)
+            self._release_shared()
 
     # -- transport -------------------------------------------------------------------------------
+    def _observations(self, placement: Placement | None, piped: dict[str, Any]) -> dict[str, Any]:
+        """The observations of a reply: copied out of the shared slots, or as they came through the pipe."""
+        self.observations_piped += len(piped)
+        if placement is None:
+            return piped
+        self.observations_shared += len(placement) - len(piped)
+        return self._shared.read(placement, piped)
+
+    def _release_shared(self) -> None:
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            shared.unlink()
+            shared.close()
+
     def _send(self, command: str, payload: Any) -> None:
         if self._closed:
             raise EnvWorkerError(f"env copy {self.index}: the worker was closed")
@@ -215,6 +373,7 @@ class WorkerEnv:
         if status == "error":
             self._closed = True
             self._process.join(timeout=5.0)
+            self._release_shared()
             error = EnvWorkerError(f"env copy {self.index} (worker pid {self._process.pid}) failed during "
                                    f"{command}: {payload.splitlines()[0]}")
             error.worker_traceback = payload  # the worker's full traceback, for --debug and bug reports
@@ -224,6 +383,7 @@ class WorkerEnv:
     def _died(self, command: str) -> EnvWorkerError:
         self._closed = True
         self._process.join(timeout=5.0)
+        self._release_shared()
         code = self._process.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         return EnvWorkerError(f"env copy {self.index} (worker pid {self._process.pid}) {how} during {command}")
