@@ -39,14 +39,14 @@ import numpy as np
 import torch
 
 from madqn.config import Config
-from madqn.core.replay import available_memory
 from madqn.core.rng import generator_state, set_generator_state
 from madqn.envs.adapters import action_starts, make_env, observation_specs
 from madqn.envs.vecenv import make_envs, worker_context
 from madqn.errors import MadqnError
 from madqn.training.acting import ActingLoop, Entry, EpisodeRecord, RecordingSink
 from madqn.training.learners import LearnerSet, group_members, q_network_for, replay_seeds_and_acting_rng
-from madqn.training.trainer import Hook, TrainerBase, resolve_device, resolve_threads, usable_cores
+from madqn.training.trainer import (MEASURE, Hook, TrainerBase, refuse_beyond_memory, resolve_device, resolve_threads,
+                                    usable_cores)
 
 
 # an actor lost this many times in a row, without a batch in between, is taken for dead
@@ -230,18 +230,13 @@ class RayPool:
 ACTOR_MEMORY = 256_000_000
 
 
-def check_actor_processes(actors: int, cores: int | None = None, available: Any = None) -> str | None:
+def check_actor_processes(actors: int, cores: int | None = None, available: Any = MEASURE) -> str | None:
     """Before the first actor process starts: refuse (``MadqnError``, one line) ``actors`` processes that would
-    not fit in the memory available now (``ACTOR_MEMORY`` each; the kernel would kill the run midway), and
-    return a warning line where the actors alone outnumber the cores, else None. ``cores`` and ``available``
-    (bytes) are measured unless given (tests)."""
+    not fit in the memory available now (``ACTOR_MEMORY`` each, :func:`refuse_beyond_memory`), and return a
+    warning line where the actors alone outnumber the cores, else None. ``cores`` and ``available`` (bytes,
+    None: unknown) are measured unless given (tests)."""
     cores = usable_cores() if cores is None else cores
-    available = available_memory() if available is None else available
-    need = actors * ACTOR_MEMORY
-    if available is not None and need > available:
-        raise MadqnError(f"actors = {actors} actor processes need about {need / 1e9:.1f} GB "
-                         f"({ACTOR_MEMORY / 1e6:.0f} MB each), but only {available / 1e9:.2f} GB of memory is "
-                         f"available: lower actors")
+    refuse_beyond_memory("actors", actors, "actor", ACTOR_MEMORY, available)
     if actors > cores:
         return (f"madqn: warning: {actors} actor processes and the learner on {cores} cores take turns on them; "
                 f"actors = {max(1, cores - 1)} leaves the learner a core of its own")

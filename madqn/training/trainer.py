@@ -64,10 +64,22 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-_MEASURE = object()
+MEASURE = object()  # "measure it now": the default of the checks' available-memory argument
 
 
-def check_env_copies(workers: int, cores: int | None = None, available: Any = _MEASURE) -> str | None:
+def refuse_beyond_memory(key: str, count: int, kind: str, per_process: int, available: Any = MEASURE) -> None:
+    """Refuse (``MadqnError``, one line naming config key ``key``) ``count`` ``kind`` processes of ``per_process``
+    bytes each that would not fit in the memory available now (``available`` bytes, None: unknown, no refusal;
+    measured unless given), before the first one starts: the kernel would kill the run midway."""
+    available = available_memory() if available is MEASURE else available
+    need = count * per_process
+    if available is not None and need > available:
+        raise MadqnError(f"{key} = {count} {kind} processes need about {need / 1e9:.1f} GB "
+                         f"({per_process / 1e6:.0f} MB each), but only {available / 1e9:.2f} GB of memory is "
+                         f"available: lower {key}")
+
+
+def check_env_copies(workers: int, cores: int | None = None, available: Any = MEASURE) -> str | None:
     """Before the first env worker process starts: refuse (``MadqnError``, one line) ``workers`` processes that
     would not fit in the memory available now (``WORKER_MEMORY`` each; the kernel would kill the run midway),
     and return a warning line where they far exceed the cores (more than ``WORKERS_PER_CORE`` per core),
@@ -75,12 +87,7 @@ def check_env_copies(workers: int, cores: int | None = None, available: Any = _M
     if workers <= 0:
         return None
     cores = usable_cores() if cores is None else cores
-    available = available_memory() if available is _MEASURE else available
-    need = workers * WORKER_MEMORY
-    if available is not None and need > available:
-        raise MadqnError(f"num_envs = {workers} worker processes need about {need / 1e9:.1f} GB "
-                         f"({WORKER_MEMORY / 1e6:.0f} MB each), but only {available / 1e9:.2f} GB of memory is "
-                         f"available: lower num_envs")
+    refuse_beyond_memory("num_envs", workers, "worker", WORKER_MEMORY, available)
     if workers > WORKERS_PER_CORE * cores:
         return (f"madqn: warning: {workers} env worker processes on {cores} cores take turns on them; "
                 f"num_envs = {WORKERS_PER_CORE * cores} or fewer (at most {WORKERS_PER_CORE} per core) runs as fast")
