@@ -210,9 +210,6 @@ class Config:
         if self.pool_every > 0 and self.random_opponent + self.pool_prob > 1:
             raise ConfigError(f"config keys 'random_opponent' ({self.random_opponent}) and 'pool_prob' "
                               f"({self.pool_prob}) are chances of one episode start and must add up to at most 1")
-        if self.pool_every > 0 and self.backend != "local":
-            raise ConfigError(f"config key 'pool_every' (the opponent pool) needs backend = 'local'; got "
-                              f"backend = {self.backend!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"config key 'device' must be auto, cpu, cuda or cuda:N; got {self.device!r}")
 

@@ -329,3 +329,28 @@ def test_ray_run_that_fails_to_start_after_its_actors_exist_shuts_ray_down():
         assert not ray_processes()
     finally:
         ray.shutdown()
+
+
+def test_ray_actors_receive_the_learners_snapshots_and_play_them():
+    """The opponent pool on the Ray backend: the learner's snapshots reach the Ray actors (each reports the
+    snapshots it holds with its batches, all of them the learner's), snapshot seats come back in the episode
+    records, and the learner's pool counts the results."""
+    recorder = EpisodeRecorder()
+    cfg = Config(**{**TINY, "rollout_len": 16}, steps=640, actors=2, sharing="shared", pool_every=160, pool_size=2,
+                 pool_prob=0.5, backend="ray")
+    remote = DistributedTrainer(cfg, hooks=[recorder])
+    try:
+        remote.run()
+        learner = remote.acting.pool
+        reported = remote.acting.actor_snapshots
+    finally:
+        remote.close()
+    assert learner.steps() == (480, 640)
+    # what each actor held after its last batch (Ray may have run one actor's batches mostly before step 160)
+    assert set(reported) == {0, 1}
+    assert set().union(*reported.values()) and set().union(*reported.values()) <= {160, 320, 480}
+    marked = [r for r in recorder.records if r.snapshot_seats]
+    assert marked and {s for r in marked for s in r.snapshot_seats.values()} <= {160, 320, 480}
+    assert sum(s.games for s in learner.snapshots) == sum(
+        1 for r in marked if next(iter(r.snapshot_seats.values())) in learner.steps())
+    assert not ray_processes()

@@ -17,8 +17,9 @@ from madqn.training.acting import ActingLoop, RecordingSink
 from madqn.training.checkpoint import safe_load
 from madqn.training.learners import group_members, q_network_for
 from madqn.training.pool import OpponentPool
+from madqn.training.trainer import Hook
 from madqn.envs.vecenv import make_envs
-from helpers import read_csv
+from helpers import read_csv, run_madqn
 
 ROOT = Path(__file__).resolve().parents[1]
 CATCH = f"{ROOT / 'tests' / 'tiny_catch.py'}:make"
@@ -169,9 +170,133 @@ def test_a_run_with_the_pool_marks_snapshot_seats_and_resume_keeps_the_pool(tmp_
 
 @pytest.mark.parametrize("changes, message", [
     (dict(pool_every=10, random_opponent=0.6, pool_prob=0.5), "must add up to at most 1"),
-    (dict(pool_every=10, backend="process"), "needs backend = 'local'"),
     (dict(pool_every=10, pool_sampling="elo"), "pool_sampling"),
 ])
 def test_bad_pool_settings_are_one_clear_line(changes, message):
     with pytest.raises(ConfigError, match=message):
         Config(**TINY, **changes)
+
+
+class _Episodes(Hook):
+    """A hook keeping the episode records the learner receives (what episodes.csv writes)."""
+
+    def __init__(self):
+        self.records = []
+        self.weights = {}  # agent step -> the learner's online weights after that step's learning round
+
+    def on_step(self, trainer):
+        self.weights[trainer.step] = [{k: v.clone() for k, v in n.state_dict().items()}
+                                      for n in trainer.learners.online_networks]
+
+    def on_episode(self, trainer, record):
+        self.records.append(record)
+
+
+def _same_weights(a, b):
+    return all(torch.equal(x[k], y[k]) for x, y in zip(a, b) for k in x)
+
+
+@pytest.mark.parametrize("sharing", ["shared", "independent"])
+def test_actor_processes_play_the_learners_snapshots_and_its_pool_keeps_their_record(sharing):
+    """Distributed acting (actors driven in this process, as the process and Ray backends drive them): the
+    learner's pool takes the snapshots from the learner's networks on the pool schedule; every actor's pool
+    holds the same snapshots with the same weights; the actors play them; the learner's PFSP statistics are
+    the networks' points in the episodes the actors reported."""
+    from madqn.training.distributed import DistributedTrainer
+
+    episodes = _Episodes()
+    cfg = Config(**{**TINY, "rollout_len": 16}, steps=800, learn_start=100, actors=2, sharing=sharing, sync_every=2,
+                 target_q=100, pool_every=160, pool_size=3, pool_prob=0.5, pool_sampling="pfsp", seed=3)
+    trainer = DistributedTrainer(cfg, hooks=[episodes], pool="inline")
+    try:
+        trainer.run()
+        pool = trainer.acting.pool
+        assert pool.steps() == (480, 640, 800)  # batches of 16 agent steps cross the multiples of 160 on them
+        # each snapshot is the learner's networks when the batch that crossed its step arrived (before that
+        # batch's learning round): those after the previous batch's round
+        for snap in pool.snapshots:
+            assert len(snap.weights) == len(trainer.learners.online_networks)
+            assert _same_weights(snap.weights, episodes.weights[snap.step - 16])
+            assert not _same_weights(snap.weights, episodes.weights[snap.step])  # the learner moves on
+        for actor in trainer.pool.actors:  # the actors hold the learner's snapshots (those sent before their last call)
+            theirs = actor.acting.pool
+            assert theirs.steps() and set(theirs.steps()) <= set(pool.steps()) | {160, 320}
+            for snap in theirs.snapshots:
+                if pool.get(snap.step) is not None:
+                    assert _same_weights(snap.weights, pool.get(snap.step).weights)
+        marked = [r for r in episodes.records if r.snapshot_seats]
+        assert 0.25 < len(marked) / len([r for r in episodes.records if r.step > 200]) < 0.75
+        assert {seat for r in marked for seat in r.snapshot_seats} == {"left", "right"}
+        assert {step for r in marked for step in r.snapshot_seats.values()} <= {160, 320, 480, 640}
+        games = dict.fromkeys(pool.steps(), 0)
+        points = dict.fromkeys(pool.steps(), 0.0)
+        for r in marked:
+            ((seat, step),) = r.snapshot_seats.items()
+            if step in games:
+                (other,) = [a for a in r.scores if a != seat]
+                games[step] += 1
+                points[step] += 1.0 if r.scores[other] > r.scores[seat] else 0.5 if r.scores[other] == r.scores[seat] \
+                    else 0.0
+        assert sum(games.values()) > 0
+        assert {s.step: (s.games, s.points) for s in pool.snapshots} == {k: (games[k], points[k]) for k in games}
+        # the pool is in the learner's checkpoint state and comes back into a new learner
+        state = trainer.acting.state_dict()
+        again = DistributedTrainer(cfg, pool="inline")
+        try:
+            again.acting.load_state_dict(state)
+            got = again.acting.pool
+            assert [(s.step, s.games, s.points) for s in got.snapshots] == \
+                [(s.step, s.games, s.points) for s in pool.snapshots]
+            assert all(_same_weights(a.weights, b.weights) for a, b in zip(got.snapshots, pool.snapshots))
+        finally:
+            again.close()
+    finally:
+        trainer.close()
+
+
+def test_an_actor_pool_takes_what_the_learners_pool_sends_and_reports_what_it_holds():
+    """changes/apply: only missing snapshots' weights travel; dropped ones go; statistics follow the learner's;
+    a kept snapshot the actor never received (a call sent before it restarted) stays out until one brings it."""
+    learner, actor = OpponentPool(every=10, size=2, sampling="pfsp"), OpponentPool(every=10, size=2, sampling="pfsp")
+    net = torch.nn.Linear(2, 2)
+    learner.add(10, [net])
+    first = learner.changes(actor.steps())
+    assert [n["step"] for n in first["new"]] == [10]
+    actor.apply(first)
+    assert actor.steps() == (10,) and learner.changes(actor.steps())["new"] == []
+    learner.result(10, 1.0)
+    learner.add(20, [net])
+    learner.add(30, [net])  # size 2: 10 is dropped
+    actor.apply(learner.changes(actor.steps()))
+    assert actor.steps() == (20, 30)
+    assert [(s.games, s.points) for s in actor.snapshots] == [(0, 0.0), (0, 0.0)]
+    learner.result(30, 0.5)
+    stale = learner.changes((20, 30))  # computed for an actor that held both; a fresh actor gets it
+    fresh = OpponentPool(every=10, size=2)
+    fresh.apply(stale)
+    assert fresh.steps() == ()
+    fresh.apply(learner.changes(fresh.steps()))
+    assert fresh.steps() == (20, 30) and [(s.games, s.points) for s in fresh.snapshots] == [(0, 0.0), (1, 0.5)]
+    np.testing.assert_allclose(fresh.probabilities(), learner.probabilities())
+
+
+def test_process_backend_with_the_pool_trains_marks_snapshot_seats_and_resumes(tmp_path):
+    """A real run with an actor process: episodes.csv marks the seats the learner's snapshots played; the
+    checkpoint keeps the pool and --resume goes on with it."""
+    run = tmp_path / "run"
+    args = ["train", "--env", CATCH, "--backend", "process", "--steps", "640", "--run-dir", run,
+            "--set", "replay_memory=500", "--set", "learn_start=100", "--set", "hist_len=2", "--set", "mlp_hidden=[16]",
+            "--set", "eval_freq=0", "--set", "valid_size=0", "--set", "final_eval_episodes=0", "--set", "save_freq=320",
+            "--set", "rollout_len=16", "--set", "pool_every=160", "--set", "pool_size=2", "--set", "device='cpu'"]
+    done = run_madqn(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    state = safe_load(run / "checkpoints" / "latest.pt")
+    assert [s["step"] for s in state["pool"]["snapshots"]] == [480, 640]
+    marked = [r for r in read_csv(run / "episodes.csv") if r["snapshot_step"]]
+    assert marked and {int(r["snapshot_step"]) for r in marked} <= {160, 320, 480}
+    resumed = run_madqn("train", "--resume", run, "--steps", "960", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    after = safe_load(run / "checkpoints" / "latest.pt")["pool"]["snapshots"]
+    assert [s["step"] for s in after] == [800, 960]
+    marked = [r for r in read_csv(run / "episodes.csv") if r["snapshot_step"] and int(r["step"]) > 640]
+    assert marked and {int(r["snapshot_step"]) for r in marked} <= {480, 640, 800}

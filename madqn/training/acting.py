@@ -134,7 +134,9 @@ class ActingLoop:
     """Env copies, slots and epsilon-greedy acting with the given online networks (one per learner).
 
     ``started``: each env's ``reset()`` result when the caller already reset them (it needed the
-    infos); ``fixed_epsilon``: act with this epsilon instead of DQN3.0's schedule (Ape-X actors).
+    infos); ``fixed_epsilon``: act with this epsilon instead of DQN3.0's schedule (Ape-X actors);
+    ``own_snapshots = False``: the opponent pool's snapshots come from elsewhere (an actor process gets the
+    learner's through :meth:`OpponentPool.apply`) instead of from these networks on this loop's schedule.
 
     With ``config.random_opponent`` > 0 an episode may start with one seat drawn to act uniformly at random
     throughout (epsilon 1 for its slot), so that the other seats also learn from games against a random player;
@@ -143,7 +145,7 @@ class ActingLoop:
 
     def __init__(self, config: Config, envs: Sequence[Any], networks: Sequence[torch.nn.Module], sink: Sink,
                  rng: np.random.Generator, device: torch.device, *, started: Sequence[tuple] | None = None,
-                 fixed_epsilon: float | None = None):
+                 fixed_epsilon: float | None = None, own_snapshots: bool = True):
         self.config = config
         self.envs = list(envs)
         self.turn_based = [bool(getattr(env, "turn_based", False)) for env in self.envs]  # AEC: counter counts rounds
@@ -156,6 +158,7 @@ class ActingLoop:
             raise ConfigError(f"config key 'random_opponent' needs at least two agents; the env has {len(self.agents)}")
         self.pool = OpponentPool(config.pool_every, config.pool_size, config.pool_sampling) \
             if config.pool_every > 0 else None
+        self.own_snapshots = own_snapshots  # False in an actor process: the learner's pool sends its snapshots
         if self.pool is not None and len(self.agents) < 2:
             raise ConfigError(f"config key 'pool_every' (the opponent pool) needs at least two agents; the env has "
                               f"{len(self.agents)}")
@@ -214,7 +217,7 @@ class ActingLoop:
         for i, actions in sent.stepping:
             self._step_env(i, actions)
         prev, self.step = self.step, self.step + sent.agent_steps
-        if self.pool is not None and self.pool.due(prev, self.step):
+        if self.pool is not None and self.own_snapshots and self.pool.due(prev, self.step):
             self.pool.add(self.step, self.policy.networks)
 
     def _agent_steps(self, i: int, actions: dict[str, int]) -> int:
@@ -327,14 +330,13 @@ class ActingLoop:
     def _end_episode(self, i: int, truncated: bool) -> None:
         slots = [self.slots[(i, a)] for a in self.agents]
         self.episodes += 1
-        snapshots = {s.agent: s.snapshot for s in slots if s.snapshot is not None}
-        if snapshots and self.pool is not None:  # the networks' points against the snapshot (PFSP's statistics)
-            theirs = np.mean([s.score for s in slots if s.agent in snapshots])
-            ours = np.mean([s.score for s in slots if s.agent not in snapshots and not s.random])
-            self.pool.result(next(iter(snapshots.values())), 1.0 if ours > theirs else 0.5 if ours == theirs else 0.0)
-        self.sink.episode(EpisodeRecord(self.step, self.episodes, i, {s.agent: s.score for s in slots},
-                                        {s.agent: s.length for s in slots}, truncated, self.epsilon(),
-                                        tuple(s.agent for s in slots if s.random), snapshots))
+        record = EpisodeRecord(self.step, self.episodes, i, {s.agent: s.score for s in slots},
+                               {s.agent: s.length for s in slots}, truncated, self.epsilon(),
+                               tuple(s.agent for s in slots if s.random),
+                               {s.agent: s.snapshot for s in slots if s.snapshot is not None})
+        if self.pool is not None:  # the networks' points against the snapshot (PFSP's statistics)
+            self.pool.record(record.scores, record.snapshot_seats, record.random_seats)
+        self.sink.episode(record)
 
     def _reset_env(self, i: int) -> None:
         for a in self.agents:

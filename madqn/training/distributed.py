@@ -45,6 +45,7 @@ from madqn.envs.vecenv import make_envs, worker_context
 from madqn.errors import MadqnError
 from madqn.training.acting import ActingLoop, Entry, EpisodeRecord, RecordingSink
 from madqn.training.learners import LearnerSet, group_members, q_network_for, replay_seeds_and_acting_rng
+from madqn.training.pool import OpponentPool
 from madqn.training.trainer import (MEASURE, Hook, TrainerBase, refuse_beyond_memory, resolve_device, resolve_threads,
                                     usable_cores)
 
@@ -70,6 +71,7 @@ class Rollout:
     episodes: list[EpisodeRecord]
     incarnation: str = ""  # random id of the actor object: a new one means Ray rebuilt the actor
     epsilon: float = float("nan")  # what the actor acts with at the batch's last step
+    snapshots: tuple[int, ...] = ()  # the opponent-pool snapshots (their steps) the actor holds after the batch
 
 
 def actor_config(config: Config, index: int, reseed: int = 0) -> Config:
@@ -96,7 +98,8 @@ class Actor:
         _, rng = replay_seeds_and_acting_rng(c.seed, len(members))  # the in-process trainer's acting generator
         fixed = apex_epsilons(c.actors, c.apex_eps, c.apex_alpha)[index] if c.actor_epsilons == "apex" else None
         self.sink = RecordingSink()
-        self.acting = ActingLoop(c, envs, self.networks, self.sink, rng, torch.device("cpu"), fixed_epsilon=fixed)
+        self.acting = ActingLoop(c, envs, self.networks, self.sink, rng, torch.device("cpu"), fixed_epsilon=fixed,
+                                 own_snapshots=False)  # the learner's opponent pool sends them
         self.weights_version = -1
         self.incarnation = os.urandom(8).hex()
 
@@ -108,16 +111,22 @@ class Actor:
             network.load_state_dict(sd)  # copies in place: stacked acting views stay bound
         self.weights_version = version
 
-    def rollout(self, n_steps: int, global_step: int, weights: tuple[int, list] | None = None) -> Rollout:
-        """Step at least ``n_steps`` agent steps; epsilon counts from ``max(own count, global_step)``."""
+    def rollout(self, n_steps: int, global_step: int, weights: tuple[int, list] | None = None,
+                opponents: dict[str, Any] | None = None) -> Rollout:
+        """Step at least ``n_steps`` agent steps; epsilon counts from ``max(own count, global_step)``.
+        ``opponents``: the learner's opponent pool as :meth:`OpponentPool.changes` gives it."""
         if weights is not None and weights[0] > self.weights_version:
             self.set_weights(*weights)
+        pool = self.acting.pool
+        if pool is not None and opponents is not None:
+            pool.apply(opponents)
         self.acting.step = max(self.acting.step, int(global_step))
         start = self.acting.step
         while self.acting.step - start < n_steps:
             self.acting.step_envs()
         entries, episodes = self.sink.take()
-        return Rollout(self.index, self.acting.step - start, entries, episodes, self.incarnation, self.epsilon())
+        return Rollout(self.index, self.acting.step - start, entries, episodes, self.incarnation, self.epsilon(),
+                       pool.steps() if pool is not None else ())
 
     def close(self) -> None:
         self.acting.close()
@@ -138,8 +147,8 @@ class InlinePool:
         self.actors = [Actor(config.to_dict(), i, env) for i in range(config.actors)]
         self.calls: list[tuple[int, tuple]] = []
 
-    def submit(self, actor: int, n_steps: int, global_step: int, weights: Any) -> None:
-        self.calls.append((actor, (n_steps, global_step, weights)))
+    def submit(self, actor: int, n_steps: int, global_step: int, weights: Any, opponents: Any = None) -> None:
+        self.calls.append((actor, (n_steps, global_step, weights, opponents)))
 
     def in_flight(self, actor: int) -> int:
         """Batches ``actor`` has outstanding."""
@@ -185,8 +194,8 @@ class RayPool:
         self.handles = [remote.remote(config.to_dict(), i, env_spec) for i in range(config.actors)]
         self.pending: dict[Any, int] = {}  # object ref -> actor
 
-    def submit(self, actor: int, n_steps: int, global_step: int, weights: Any) -> None:
-        ref = self.handles[actor].rollout.remote(n_steps, global_step, weights)
+    def submit(self, actor: int, n_steps: int, global_step: int, weights: Any, opponents: Any = None) -> None:
+        ref = self.handles[actor].rollout.remote(n_steps, global_step, weights, opponents)
         self.pending[ref] = actor
 
     def in_flight(self, actor: int) -> int:
@@ -298,19 +307,19 @@ class ProcessPool:
         if kind == "error":
             raise MadqnError(f"actor {index} failed to start: {payload}")
 
-    def submit(self, actor: int, n_steps: int, global_step: int, weights: Any) -> None:
+    def submit(self, actor: int, n_steps: int, global_step: int, weights: Any, opponents: Any = None) -> None:
         self.latest_weights = weights
-        self.calls[actor].append((n_steps, global_step))
-        self._send(actor, n_steps, global_step)
+        self.calls[actor].append((n_steps, global_step, opponents))
+        self._send(actor, n_steps, global_step, opponents)
 
-    def _send(self, actor: int, n_steps: int, global_step: int) -> None:
+    def _send(self, actor: int, n_steps: int, global_step: int, opponents: Any = None) -> None:
         weights = self.latest_weights
         if weights is not None and weights[0] > self.sent_version[actor]:
             self.sent_version[actor] = weights[0]
         else:
             weights = None
         try:
-            self.workers[actor][1].send(("rollout", (n_steps, global_step, weights)))
+            self.workers[actor][1].send(("rollout", (n_steps, global_step, weights, opponents)))
         except (BrokenPipeError, OSError):
             pass  # it died: next() sees the closed pipe and restarts it
 
@@ -347,8 +356,8 @@ class ProcessPool:
         self.workers[actor] = self._start(actor, reseed)
         self._expect_ready(actor)
         self.sent_version[actor] = -1
-        for n_steps, global_step in self.calls[actor]:
-            self._send(actor, n_steps, global_step)
+        for n_steps, global_step, opponents in self.calls[actor]:
+            self._send(actor, n_steps, global_step, opponents)
 
     def in_flight(self, actor: int) -> int:
         """Batches ``actor`` has outstanding."""
@@ -412,12 +421,12 @@ class RayActorProcess:
             reseed = int(np.random.default_rng().integers(1, 2**20)) * 1000  # fresh episodes, not a replay of old ones
         self.actor = Actor(config_dict, index, env_spec, reseed)
 
-    def rollout(self, n_steps: int, global_step: int, weights: Any) -> Rollout:
+    def rollout(self, n_steps: int, global_step: int, weights: Any, opponents: Any = None) -> Rollout:
         import ray
 
         if weights[0] > self.actor.weights_version:  # fetch only a newer version (a rebuilt actor has none)
             weights = (weights[0], ray.get(weights[1]))
-        return self.actor.rollout(n_steps, global_step, weights)
+        return self.actor.rollout(n_steps, global_step, weights, opponents)
 
     def pid(self) -> int:
         return os.getpid()
@@ -436,8 +445,11 @@ class ActorFeed:
     resumed run's actors start fresh episodes and :meth:`close_interrupted_episodes` ends the old ones.
     """
 
-    def __init__(self, learners: LearnerSet, num_envs: int, rng: np.random.Generator):
+    def __init__(self, learners: LearnerSet, num_envs: int, rng: np.random.Generator,
+                 pool: OpponentPool | None = None):
         self.learners = learners
+        self.pool = pool  # the run's opponent pool (config.pool_every > 0): snapshots, PFSP statistics
+        self.actor_snapshots: dict[int, tuple[int, ...]] = {}  # actor -> the snapshots it reported holding
         self.num_envs = num_envs
         self.rng = rng  # seeded the replay memories; kept in checkpoints like the in-process acting generator
         self.held: dict[tuple[str, int], Entry] = {}  # (agent, copy) -> its newest entry, stored when a successor comes
@@ -451,6 +463,10 @@ class ActorFeed:
             self.close_streams(batch.actor, "was restarted", step)
         self.incarnations[batch.actor] = batch.incarnation
         self.epsilons[batch.actor] = batch.epsilon
+        self.actor_snapshots[batch.actor] = tuple(batch.snapshots)
+        if self.pool is not None:
+            for r in batch.episodes:
+                self.pool.record(r.scores, r.snapshot_seats, r.random_seats)
         for received in batch.entries:
             entry = received._replace(copy=batch.actor * self.num_envs + received.copy)  # the learner set's copy
             self.learners.note_reward(entry.agent, entry.reward)
@@ -461,6 +477,11 @@ class ActorFeed:
                 self.learners.store(*entry)
             else:
                 self.held[(entry.agent, entry.copy)] = entry
+
+    def opponents(self, actor: int) -> dict[str, Any] | None:
+        """What ``actor``'s copy of the opponent pool lacks (None without a pool): the snapshots it did not
+        report holding, sent again with each call until it does."""
+        return None if self.pool is None else self.pool.changes(self.actor_snapshots.get(actor, ()))
 
     def epsilon(self) -> float:
         """The mean of the epsilons the actors acted with in their latest batches (with Ape-X epsilons the
@@ -482,13 +503,17 @@ class ActorFeed:
         self.learners.store(entry.agent, entry.copy, entry.frame, 0, 0.0, False, True, entry.mask)
 
     def state_dict(self) -> dict[str, Any]:
-        """The generator and the held entries; no env or slot state (the actors' episodes are not resumed)."""
+        """The generator, the held entries and the opponent pool; no env or slot state (the actors' episodes
+        are not resumed)."""
         return {"rng": generator_state(self.rng), "held": [{"agent": e.agent, "copy": e.copy, "frame": e.frame,
-                                                            "mask": e.mask} for e in self.held.values()]}
+                                                            "mask": e.mask} for e in self.held.values()],
+                **({"pool": self.pool.state_dict()} if self.pool is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> bool:
-        """Returns False: a resumed run's actors start fresh episodes."""
+        """Returns False: a resumed run's actors start fresh episodes (their pools come with their first calls)."""
         set_generator_state(self.rng, state["rng"])
+        if self.pool is not None and "pool" in state:
+            self.pool.load_state_dict(state["pool"])
         return False
 
     def close_interrupted_episodes(self, state: dict[str, Any]) -> None:
@@ -545,7 +570,8 @@ class DistributedTrainer(TrainerBase):
             if not isinstance(self.pool, InlinePool):
                 probe.close()
             raise
-        self.acting = ActorFeed(self.learners, config.num_envs, rng)
+        pool = OpponentPool(config.pool_every, config.pool_size, config.pool_sampling) if config.pool_every else None
+        self.acting = ActorFeed(self.learners, config.num_envs, rng, pool)
         self.step = 0
         self.episodes = 0
         self.start_time = time.time()
@@ -569,13 +595,18 @@ class DistributedTrainer(TrainerBase):
     def _fill(self, actor: int) -> None:
         """Give ``actor`` batches to play until it has ``max_in_flight`` outstanding."""
         for _ in range(self.config.max_in_flight - self.pool.in_flight(actor)):
-            self.pool.submit(actor, self.config.rollout_len, self.step, self._current_weights())
+            self._submit(actor)
+
+    def _submit(self, actor: int) -> None:
+        """One rollout call: the current weights (when newer than the actor's) and the opponent pool."""
+        self.pool.submit(actor, self.config.rollout_len, self.step, self._current_weights(),
+                         self.acting.opponents(actor))
 
     def _loop(self) -> None:
         c = self.config
         for _ in range(c.max_in_flight):
             for a in range(c.actors):
-                self.pool.submit(a, c.rollout_len, self.step, self._current_weights())
+                self._submit(a)
         lost_in_a_row = [0] * c.actors  # ActorLost answers per actor since its last delivered batch
         while self.step < c.steps and not self.stop_requested:
             result = self.pool.next(timeout=0 if self._may_float() else None)
@@ -597,11 +628,14 @@ class DistributedTrainer(TrainerBase):
             prev = self.step
             self._ingest(result)
             self.step = prev + result.steps
+            opponents = self.acting.pool
+            if opponents is not None and opponents.due(prev, self.step):  # a snapshot of the learner's networks
+                opponents.add(self.step, self.learners.online_networks)
             if c.update_ratio == "fixed":
                 n_updates, sync_target = self.learners.due(prev, self.step)
                 self.learners.run_round(n_updates, self.step, sync_target)
                 self._rounds_done(n_updates // c.n_replay)
-            self.pool.submit(result.actor, c.rollout_len, self.step, self._current_weights())
+            self._submit(result.actor)
             for h in self.hooks:
                 h.on_step(self)
 

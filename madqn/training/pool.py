@@ -14,6 +14,12 @@ second seat learned to pin the first, and the first seat, which lost every self-
   that snapshot so far (win 1, draw 1/2; a snapshot not yet played counts as ``p = 1/2``), so the
   opponents the networks beat least are met most.
 
+With actor processes (``backend = "process"`` or ``"ray"``) the learner's pool is the run's: it takes the
+snapshots from the learner's online networks, counts the results from the episodes the actors report, and
+sends each actor what it lacks with its next call (:meth:`OpponentPool.changes`, :meth:`OpponentPool.apply`):
+the snapshots it does not hold yet (once each), which ones are kept, and the current statistics, so that
+every actor draws from the same snapshots with the same probabilities and a checkpoint holds them all.
+
 The snapshot seat's transitions are stored in the replay like every other seat's, as those of a seat playing
 at random (``random_opponent``) are: Q-learning learns off-policy, the frames and rewards of that seat are
 real experience of the game, and the replay ratio (samples per agent step) stays that of a run without the
@@ -99,12 +105,50 @@ class OpponentPool:
                 snap.networks.append(clone.eval().requires_grad_(False))
         return snap.networks
 
+    def record(self, scores: dict[str, float], snapshot_seats: dict[str, int], other_seats: Sequence[str] = ()) -> None:
+        """An episode ended with these ``scores``: when snapshots played some seats (``snapshot_seats``: seat ->
+        snapshot step), the current networks' points against that snapshot (win 1, draw 1/2, loss 0: their mean
+        score against the snapshot seats' mean) go to its statistics. ``other_seats`` (random players) count
+        for neither side."""
+        if not snapshot_seats:
+            return
+        ours = [s for a, s in scores.items() if a not in snapshot_seats and a not in other_seats]
+        if not ours:
+            return
+        theirs = float(np.mean([scores[a] for a in snapshot_seats]))
+        mine = float(np.mean(ours))
+        self.result(next(iter(snapshot_seats.values())), 1.0 if mine > theirs else 0.5 if mine == theirs else 0.0)
+
     def result(self, step: int, points: float) -> None:
         """An episode against snapshot ``step`` ended with the current networks earning ``points`` (1, 1/2, 0)."""
         snap = self.get(step)
         if snap is not None:  # it may have been dropped while the episode ran
             snap.games += 1
             snap.points += float(points)
+
+    # ---- the learner's pool, sent to actor processes -------------------------------------------------
+    def steps(self) -> tuple[int, ...]:
+        return tuple(s.step for s in self.snapshots)
+
+    def changes(self, held: Sequence[int]) -> dict[str, Any]:
+        """What an actor pool holding the snapshots ``held`` (steps) needs to equal this one: the weights of
+        the snapshots it lacks, the steps kept, and every snapshot's statistics."""
+        held = set(held)
+        return {"keep": list(self.steps()),
+                "new": [{"step": s.step, "weights": s.weights} for s in self.snapshots if s.step not in held],
+                "stats": [(s.step, s.games, s.points) for s in self.snapshots]}
+
+    def apply(self, changes: dict[str, Any]) -> None:
+        """Take :meth:`changes` of the learner's pool: drop what it dropped, add what it sent, take its
+        statistics. A kept snapshot neither held nor sent (a call sent before a restart) stays out until a
+        later call brings it."""
+        new = {n["step"]: n["weights"] for n in changes["new"]}
+        held = {s.step: s for s in self.snapshots}
+        self.snapshots = [held[step] if step in held else Snapshot(int(step), new[step])
+                          for step in changes["keep"] if step in held or step in new]
+        stats = {step: (games, points) for step, games, points in changes["stats"]}
+        for s in self.snapshots:
+            s.games, s.points = int(stats[s.step][0]), float(stats[s.step][1])
 
     # ---- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
