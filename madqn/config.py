@@ -147,6 +147,10 @@ class Config:
                        "injected backward as one graph, the optimizer as one fused kernel (the same maths up to float "
                        "rounding; tens of seconds of compiling at the start, needs a C++ compiler on CPU); false runs it "
                        "eagerly, op by op")
+    replay_device: str = _f("host", "where the learner gathers minibatch frames: 'host' (the replay memory's, copied to "
+                            "the learner's device per batch) or 'learner' (a copy of the replay frames kept on the "
+                            "learner's device, gathered there: no frame copy per batch on a GPU; the same batches)",
+                            choices=("host", "learner"))
 
     # --- evaluation, logging, checkpoints ---------------------------------------------------
     eval_freq: int = _f(250_000, "evaluate every eval_freq agent steps (0 = never during training) [agent steps]", min=0)

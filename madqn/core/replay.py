@@ -95,6 +95,11 @@ class Batch:
     # after its position is reused
     discounts: np.ndarray | None = None  # (B,) float32 discount**k of an n-step return (0 after a terminal); None: 1-step
     weights: np.ndarray | None = None  # (B,) float32 importance weights (prioritized replay), None: uniform
+    # ``sample(frames=False)``: no stacks (states, next_states None) but where their frames are, for a copy of the
+    # frames elsewhere (madqn.core.device_frames): (B, hist_len) int64 rows of frames.reshape(-1, *frame_shape),
+    # a zero-padded frame given as row n_streams * capacity (one past the last: that copy's zero row)
+    state_rows: np.ndarray | None = None
+    next_rows: np.ndarray | None = None
 
 
 class ReplayMemory:
@@ -306,19 +311,20 @@ class ReplayMemory:
         return self._sampleable
 
     def sample(self, batch_size: int, rng: np.random.Generator | None = None, *, beta: float = 1.0,
-               dqn3: bool = False) -> Batch:
+               dqn3: bool = False, frames: bool = True) -> Batch:
         """A minibatch of ``batch_size`` transitions, uniform over the valid indices (with replacement),
         or proportional to the priorities when the memory is prioritized (then ``weights`` holds the
         importance weights for exponent ``beta``).
 
         ``rng``: draw with this generator instead of the memory's own (e.g. a held-out validation
         set that must not change the training minibatches). ``dqn3``: DQN3.0's transitions whatever
-        the memory's options: uniform and 1-step."""
+        the memory's options: uniform and 1-step. ``frames=False``: the same draw, with the stacks' frame rows
+        (``Batch.state_rows``, ``next_rows``) instead of the stacks."""
         rng = self.rng if rng is None else rng
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if self.tree is not None and not dqn3:
-            return self._sample_prioritized(batch_size, rng, beta)
+            return self._sample_prioritized(batch_size, rng, beta, frames)
         counts = np.minimum(self.written, self.capacity)
         n_stored = int(counts.sum())
         if n_stored == 0:
@@ -362,9 +368,9 @@ class ReplayMemory:
             streams[filled:] = all_streams[pick]
             logical[filled:] = pick_logical
             zeroed[filled:] = pick_zeroed
-        return self._gather(streams, logical, zeroed, 1 if dqn3 else self.n_step)
+        return self._gather(streams, logical, zeroed, 1 if dqn3 else self.n_step, frames)
 
-    def _sample_prioritized(self, batch_size: int, rng: np.random.Generator, beta: float) -> Batch:
+    def _sample_prioritized(self, batch_size: int, rng: np.random.Generator, beta: float, frames: bool = True) -> Batch:
         """Proportional draws from the sum-tree: O(batch_size log N), invalid leaves rejected and zeroed."""
         tree, cap = self.tree, self.capacity
         leaves = np.empty(batch_size, dtype=np.int64)
@@ -393,7 +399,7 @@ class ReplayMemory:
                 break
         if filled != batch_size:
             raise ValueError(f"no valid transition with a positive priority among {len(self)} stored entries")
-        batch = self._gather(leaves // cap, logical, zeroed, self.n_step)
+        batch = self._gather(leaves // cap, logical, zeroed, self.n_step, frames)
         batch.weights = importance_weights(tree.get(leaves) / tree.total, beta)
         return batch
 
@@ -415,7 +421,10 @@ class ReplayMemory:
         values = priorities(deltas, alpha=self.priority_alpha, eps=self.priority_eps)
         self.tree.set(leaves[keep], values[keep])
 
-    def _gather(self, streams: np.ndarray, logical: np.ndarray, zeroed: np.ndarray, n_step: int = 1) -> Batch:
+    def _gather(self, streams: np.ndarray, logical: np.ndarray, zeroed: np.ndarray, n_step: int = 1,
+                frames: bool = True) -> Batch:
+        if not frames:
+            return self._gather_rows(streams, logical, zeroed, n_step)
         if n_step > 1:
             return self._gather_n_step(streams, logical, zeroed, n_step)
         h, cap = self.hist_len, self.capacity
@@ -488,6 +497,41 @@ class ReplayMemory:
             indices=j,
             entries=logical,
             discounts=discounts,
+        )
+
+    def _gather_rows(self, streams: np.ndarray, logical: np.ndarray, zeroed: np.ndarray, n_step: int) -> Batch:
+        """``_gather`` / ``_gather_n_step`` without the frames: every other field the same, and the rows the
+        stacks' frames come from (a padded frame: row ``n_streams * capacity``, a copy's zero row)."""
+        h, cap = self.hist_len, self.capacity
+        if n_step > 1:
+            k, ret, terminal = self._n_step_returns(streams, logical, n_step)
+            rewards, discounts = ret.astype(np.float32), np.where(terminal, 0.0, self.discount ** k).astype(np.float32)
+        else:
+            k = np.ones(len(streams), dtype=np.int64)
+            rewards, discounts = self.rewards[streams, logical % cap], None
+            terminal = self.terminal[streams, (logical + 1) % cap]
+        offsets = np.arange(-h + 1, 1)
+        state_rows = streams[:, None] * cap + (logical[:, None] + offsets) % cap
+        next_rows = streams[:, None] * cap + ((logical + k)[:, None] + offsets) % cap
+        if h > 1:  # the padding rule of _gather_n_step (with k = 1 that of _gather)
+            zero_row = self.n_streams * cap
+            state_rows[:, : h - 1][zeroed] = zero_row
+            column = k[:, None] + np.arange(h)
+            next_rows[np.take_along_axis(zeroed, np.minimum(column, h - 2), axis=1) & (column <= h - 2)] = zero_row
+        j, j_next = logical % cap, (logical + k) % cap
+        return Batch(
+            states=None,
+            actions=self.actions[streams, j].astype(np.int64),
+            rewards=rewards,
+            next_states=None,
+            terminals=terminal.astype(np.float32),
+            streams=streams,
+            next_action_masks=None if self.action_masks is None else self.action_masks[streams, j_next],
+            indices=j,
+            entries=logical,
+            discounts=discounts,
+            state_rows=state_rows,
+            next_rows=next_rows,
         )
 
     # ------------------------------------------------------------------ checkpointing

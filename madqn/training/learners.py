@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from madqn.config import Config
+from madqn.core.device_frames import DeviceFrames, Stager
 from madqn.core.learner import Learner
 from madqn.core.networks import build_q_network
 from madqn.core.prioritized import annealed_beta
@@ -112,6 +113,7 @@ class Group:
     stream_agent_ids: np.ndarray  # (n_streams,) agent id per replay stream
     updates: int = 0
     update_stats: UpdateStats = field(default_factory=UpdateStats)
+    device_frames: DeviceFrames | None = None  # replay_device = "learner": the replay's frames on the learner's device
 
 
 class LearnerSet:
@@ -151,6 +153,11 @@ class LearnerSet:
                                   priority_eps=c.priority_eps)
             ids = np.array([self.agents.index(a) for a in agents for _ in range(n_copies)], dtype=np.int64)
             self.groups.append(Group(name, list(agents), learner, replay, n_actions, ids, update_stats=UpdateStats(device)))
+        if c.replay_device == "learner":
+            check_device_memory([g.replay for g in self.groups], device)
+            for g in self.groups:
+                g.device_frames = DeviceFrames(g.replay, device)
+        self.stage = Stager(device)  # each minibatch's arrays to the device in one copy
         self.group_of = {a: g for g in self.groups for a in g.agents}
         self.group_index = {a: k for k, g in enumerate(self.groups) for a in g.agents}
 
@@ -178,7 +185,10 @@ class LearnerSet:
               episode_end: bool, mask: Any = None) -> None:
         """The replay write alone (the reward was noted when the transition arrived)."""
         kw = {"action_mask": mask} if self.has_masks else {}
-        self.group_of[agent].replay.add(self.stream(agent, copy), frame, action, reward, terminal, episode_end, **kw)
+        g, stream = self.group_of[agent], self.stream(agent, copy)
+        g.replay.add(stream, frame, action, reward, terminal, episode_end, **kw)
+        if g.device_frames is not None:
+            g.device_frames.written(stream)
 
     # ---- the schedule ----------------------------------------------------------------------------
     def due(self, prev: int, step: int) -> tuple[int, bool]:
@@ -205,19 +215,16 @@ class LearnerSet:
         lock = replay_lock if replay_lock is not None else nullcontext()
         beta = annealed_beta(step, beta_start=c.priority_beta, learn_start=c.learn_start,
                              anneal_steps=c.priority_beta_endt or c.steps - c.learn_start)
-        to = self._to_device
         for g in self.groups if groups is None else groups:
             with lock:
                 if not g.replay.can_sample():
                     continue
-                batch = g.replay.sample(c.minibatch_size, beta=beta)
-            states, next_states = self._state_stacks(batch)
-            stats = g.learner.update(
-                states, to(batch.actions), to(batch.rewards), next_states,
-                to(batch.terminals), agent_ids=to(g.stream_agent_ids[batch.streams]),
-                next_action_masks=None if batch.next_action_masks is None else to(batch.next_action_masks),
-                step=step, discounts=None if batch.discounts is None else to(batch.discounts),
-                weights=None if batch.weights is None else to(batch.weights))
+                batch = g.replay.sample(c.minibatch_size, beta=beta, frames=g.device_frames is None)
+                if g.device_frames is not None:
+                    g.device_frames.flush()  # the frames written since the last batch
+            states, actions, rewards, next_states, terminals, ids, masks, discounts, weights = self.tensors(g, batch)
+            stats = g.learner.update(states, actions, rewards, next_states, terminals, agent_ids=ids,
+                                     next_action_masks=masks, step=step, discounts=discounts, weights=weights)
             delta = stats.pop("delta")
             if g.replay.tree is not None:  # prioritized replay: the new |clipped delta| of each sampled transition
                 deltas = delta.float().cpu().numpy()
@@ -226,27 +233,31 @@ class LearnerSet:
             g.updates += 1
             g.update_stats.add(stats)
 
-    def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        """A minibatch array as a device tensor (no copy on CPU); frames stay uint8 until the network.
-
-        On CUDA the copy goes through pinned (page-locked) memory and does not block the host; the
-        caching host allocator keeps the pinned block until the copy has finished.
-        """
-        t = torch.from_numpy(array)
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t
-
-    def _state_stacks(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(s, s2) tensors; when the replay returned them as views of one (B, h+1, ...) array, that
-        array crosses to the device once and s, s2 are its two overlapping slices."""
-        whole = batch.states.base
-        h = batch.states.shape[1]
-        if (isinstance(whole, np.ndarray) and whole.shape == (batch.states.shape[0], h + 1, *batch.states.shape[2:])
-                and batch.next_states.base is whole):
-            t = self._to_device(whole)
-            return t[:, :h], t[:, 1:]
-        return self._to_device(batch.states), self._to_device(batch.next_states)
+    def tensors(self, g: Group, batch: Any) -> tuple[torch.Tensor | None, ...]:
+        """A minibatch on the learner's device, in one host-to-device copy (:class:`Stager`; none on CPU): ``(states,
+        actions, rewards, next_states, terminals, agent ids, next action masks, discounts, weights)``, the last
+        three None when the replay has none. Frames stay uint8 until the network. The stacks: gathered on the
+        device from its copy of the frames (``replay_device = "learner"``), or the replay's (B, h+1, ...) array
+        of which s and s2 are overlapping views, copied once, or (n-step) the two stacks."""
+        if g.device_frames is not None:
+            stacks = [batch.state_rows, batch.next_rows]
+        else:
+            whole = batch.states.base
+            h = batch.states.shape[1]
+            joint = (isinstance(whole, np.ndarray) and batch.next_states.base is whole
+                     and whole.shape == (batch.states.shape[0], h + 1, *batch.states.shape[2:]))
+            stacks = [whole] if joint else [batch.states, batch.next_states]
+        small = [batch.actions, batch.rewards, batch.terminals, g.stream_agent_ids[batch.streams],
+                 batch.next_action_masks, batch.discounts, batch.weights]
+        out = self.stage(stacks + small)
+        if g.device_frames is not None:
+            states, next_states = g.device_frames.stacks(out[0]), g.device_frames.stacks(out[1])
+        elif len(stacks) == 1:
+            states, next_states = out[0][:, :h], out[0][:, 1:]
+        else:
+            states, next_states = out[0], out[1]
+        actions, rewards, terminals, ids, masks, discounts, weights = out[len(stacks):]
+        return states, actions, rewards, next_states, terminals, ids, masks, discounts, weights
 
     # ---- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -281,6 +292,20 @@ class LearnerSet:
                 g.replay.load_state_dict(state[g.name])
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"replay memory of {g.name} does not fit this config ({e})") from None
+            if g.device_frames is not None:
+                g.device_frames.load()
+
+
+def check_device_memory(replays: Sequence[ReplayMemory], device: torch.device) -> None:
+    """``replay_device = "learner"`` on CUDA: refuse (one line) frame copies that would not fit in the GPU
+    memory free now, with a quarter of it left for the networks and the batches."""
+    if device.type != "cuda":
+        return
+    need = sum(DeviceFrames.nbytes(r) for r in replays)
+    free, _ = torch.cuda.mem_get_info(device)
+    if need > 0.75 * free:
+        raise MadqnError(f"replay_device = 'learner': the replay frames take {need / 1e9:.1f} GB on {device}, which "
+                         f"has {free / 1e9:.1f} GB free; lower replay_memory or use replay_device = 'host'")
 
 
 def replay_capacity(config: Config, env: Any, members: list[list[str]], masks: bool, copies: int) -> int:
