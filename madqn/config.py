@@ -147,6 +147,10 @@ class Config:
                        "injected backward as one graph, the optimizer as one fused kernel (the same maths up to float "
                        "rounding; tens of seconds of compiling at the start, needs a C++ compiler on CPU); false runs it "
                        "eagerly, op by op")
+    cuda_graph: bool = _f(False, "CUDA only: capture the learner's whole update (both forwards, DQN3.0's targets, the "
+                          "injected backward, the optimizer step) in a CUDA graph and replay it per update: one launch "
+                          "instead of hundreds (the batch-32 update is launch-bound on a GPU); the same maths as the "
+                          "eager update up to float rounding")
     replay_device: str = _f("host", "where the learner gathers minibatch frames: 'host' (the replay memory's, copied to "
                             "the learner's device per batch) or 'learner' (a copy of the replay frames kept on the "
                             "learner's device, gathered there: no frame copy per batch on a GPU; the same batches)",

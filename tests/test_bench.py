@@ -164,3 +164,22 @@ def test_actor_scaling_rows_against_n_times_one_actor():
     assert rows[0].passed is None and rows[1].passed is True and rows[1].ratio == pytest.approx(0.75)
     assert rows[2].passed is False  # 2000 < 0.7 x 3000
 
+
+
+def test_cuda_graph_rows_judge_the_captured_learner_against_the_captured_bare_update_and_2000_updates():
+    from madqn.bench.learner import graph_rows
+    from madqn.bench.e2e import gpu_rows
+
+    k = "learner[cuda]"
+    t = Timings({key: steady(v) for key, v in {
+        f"{k}/madqn-fp32-graph": 2400.0, f"{k}/bare-fp32-graph": 4000.0, f"{k}/madqn-fp32": 235.0,
+        f"{k}/madqn-bf16-graph": 1800.0, f"{k}/bare-bf16-graph": 3000.0, f"{k}/madqn-bf16": 200.0,
+        e2e_key("cuda", "shared", "fp32", "graph"): 5000.0}.items()})
+    rows = by_name(graph_rows(t, "cuda"))
+    fp32 = rows["learner [cuda]: LearnerSet.learn fp32, cuda_graph + replay on the GPU"]
+    assert fp32.ratio == pytest.approx(0.6) and fp32.passed  # 0.6 of the limit and 2400 >= 2000 updates/s
+    bf16 = rows["learner [cuda]: LearnerSet.learn bf16, cuda_graph + replay on the GPU"]
+    assert bf16.ratio == pytest.approx(0.6) and bf16.passed is False  # 1800 < 2000 updates/s
+    assert rows["learner [cuda]: LearnerSet.learn fp32, captured vs eager"].ratio == pytest.approx(2400 / 235)
+    (e2e,) = gpu_rows(t, "cuda", 8)
+    assert e2e.passed and e2e.value == pytest.approx(5000.0) and "in 3 min" in e2e.note  # 1e6 / 5000 s = 3.3 min

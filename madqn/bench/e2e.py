@@ -16,11 +16,11 @@ BOUND_SLACK = 1.15  # an end-to-end run faster than this x the bound contradicts
 E2E_VARIANTS = (("fp32", False), ("fp32", True), ("bf16", False))  # (precision, overlap)
 
 
-def e2e_trainer(sharing: str, device: str, overlap: bool, num_envs: int, precision: str = "fp32"):
+def e2e_trainer(sharing: str, device: str, overlap: bool, num_envs: int, precision: str = "fp32", **settings):
     cfg = make_config(None, {"env": "pong_v3", "sharing": sharing, "device": device, "overlap": overlap,
                              "num_envs": num_envs, "replay_memory": 20_000, "learn_start": 400,
                              "ep_start": 0.1, "ep_end": 0.1, "target_q": 10_000, "steps": 10**9, "seed": 0,
-                             "precision": precision, "num_threads": _threads()})
+                             "precision": precision, "num_threads": _threads(), **settings})
     trainer = Trainer(cfg)
     while trainer.step <= cfg.learn_start + 8:
         trainer.env_step()
@@ -57,16 +57,34 @@ def e2e_section(device: str, n: int, num_envs: int) -> Section:
         t.settle()  # overlap: the rounds still queued count in the time
         return (t.step - start_step) * len(t.agents) / (time.perf_counter() - start)
 
+    on_cuda = device.startswith("cuda")
+    if on_cuda:  # the GPU settings of configs/pong_gpu.toml: captured update, replay on the GPU, Nature's ratio
+        trainers[("shared", "fp32", "graph")] = e2e_trainer("shared", device, False, num_envs, "fp32", **GPU_SETTINGS)
     probes = {e2e_key(device, *k): (lambda k=k: measure(k)) for k in trainers}
 
     def rows(t: Timings) -> list[Row]:
-        return e2e_rows(t, device, num_envs)
+        return e2e_rows(t, device, num_envs) + (gpu_rows(t, device, num_envs) if on_cuda else [])
 
     return Section(probes, rows, [t.close for t in trainers.values()])
 
 
-def e2e_key(device: str, sharing: str, precision: str, overlap: bool) -> str:
-    return f"e2e[{device}]/{sharing}/{precision}/{'overlap' if overlap else 'serial'}"
+def e2e_key(device: str, sharing: str, precision: str, overlap: bool | str) -> str:
+    mode = overlap if isinstance(overlap, str) else "overlap" if overlap else "serial"
+    return f"e2e[{device}]/{sharing}/{precision}/{mode}"
+
+
+# configs/pong_gpu.toml's learner settings (Nature's replay ratio of 8 with two agents: update_freq 2)
+GPU_SETTINGS = {"cuda_graph": True, "replay_device": "learner", "update_freq": 2, "double": True}
+
+
+def gpu_rows(t: Timings, device: str, num_envs: int) -> list[Row]:
+    """CUDA: the pong_gpu settings end to end (agent steps/s at the replay ratio of 8), and what a 1M agent
+    step pong_v3 run takes at that rate."""
+    key = e2e_key(device, "shared", "fp32", "graph")
+    value = t.median(key)
+    return [Row(f"end-to-end [{device}]: shared, pong_gpu settings (cuda_graph, replay on the GPU, ratio 8), "
+                f"{num_envs} env{'s' if num_envs > 1 else ''}", value, "agent steps/s", None, ">= 4000",
+                value >= 4000, f"1M agent steps of pong_v3 in {1e6 / value / 60:.0f} min at this rate")]
 
 
 def e2e_rows(t: Timings, device: str, num_envs: int) -> list[Row]:

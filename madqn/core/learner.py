@@ -193,19 +193,20 @@ def lr_at(step: int, *, learn_start: int, lr_start: float, lr_end: float, lr_end
     return (lr_start - lr_end) * max(0, lr_endt - t) / lr_endt + lr_end
 
 
-def build_optimizer(params, name: str, *, lr: float, decay: float = 0.95, eps: float = 0.01,
-                    weight_cost: float = 0.0, adam_eps: float = 4.8e-3) -> torch.optim.Optimizer:
+def build_optimizer(params, name: str, *, lr: float | Tensor, decay: float = 0.95, eps: float = 0.01,
+                    weight_cost: float = 0.0, adam_eps: float = 4.8e-3, capturable: bool = False) -> torch.optim.Optimizer:
     """``"rmsprop"``: DQN3.0's centred RMSProp (:class:`DQN3RMSprop`); ``"adam"``: Adam (Kingma & Ba
     2015) with ``adam_eps``; weight_cost is its L2 term.
 
     Both descend on the learner's SUMMED minibatch gradient, so their eps is on that scale. Adam's step
     is invariant to the gradient's scale except through eps: Adam with eps on the sum of B gradients is
     Adam with eps / B on their mean. Rainbow's eps 1.5e-4 (on its mean loss, B = 32) is therefore
-    ``adam_eps`` 4.8e-3 here; 1.5e-4 here would be 32 times smaller than Rainbow's."""
+    ``adam_eps`` 4.8e-3 here; 1.5e-4 here would be 32 times smaller than Rainbow's. ``capturable``: Adam's
+    CUDA-graph-safe variant (its step count on the device; ``lr`` may then be a device tensor)."""
     if name == "rmsprop":
         return DQN3RMSprop(params, lr=lr, decay=decay, eps=eps, weight_cost=weight_cost)
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr, eps=adam_eps, weight_decay=weight_cost)
+        return torch.optim.Adam(params, lr=lr, eps=adam_eps, weight_decay=weight_cost, capturable=capturable)
     raise ValueError(f"unknown optimizer {name!r}: expected 'rmsprop' or 'adam'")
 
 
@@ -311,6 +312,7 @@ class Learner:
         double: bool = False,
         precision: str = "fp32",
         compile: bool = False,
+        cuda_graph: bool = False,
     ):
         self.device = torch.device(device)
         self.online_network = network.to(self.device)
@@ -334,7 +336,18 @@ class Learner:
         self.r_max = r_max
         self.uses_agent_ids = getattr(network, "n_agents", 0) > 0
         self._forward = self._forward_targets
-        if compile:
+        # cuda_graph: one CUDA graph per input signature, replayed per update (:meth:`_replay`); None: eager
+        self._graphs: dict[tuple, tuple[list, torch.cuda.CUDAGraph, dict[str, Tensor]]] | None = None
+        if cuda_graph:
+            if self.device.type != "cuda":
+                raise ValueError(f"cuda_graph needs a CUDA device, got {self.device}")
+            self._graphs = {}
+            dtype = next(self.online_network.parameters()).dtype
+            self._lr = torch.tensor(float(lr), dtype=dtype, device=self.device)  # filled per update: the graph reads it
+            if optimizer == "adam":
+                self.optimizer = build_optimizer(self.online_network.parameters(), optimizer, lr=self._lr,
+                                                 weight_cost=weight_cost, adam_eps=adam_eps, capturable=True)
+        elif compile:
             if self.device.type == "cpu" and isinstance(network, DQN3ConvNet):
                 # oneDNN's convolutions work in NHWC: with the weights stored so, no reorder per call
                 self.online_network.to(memory_format=torch.channels_last)
@@ -350,7 +363,8 @@ class Learner:
     def _autocast(self):
         """bf16 autocast for the forwards (the backward follows their dtypes) when precision is bf16;
         weights, the targets/delta, gradients and optimizer state stay fp32."""
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16",
+                              cache_enabled=self._graphs is None)  # a graph must not capture cached casts
 
     def device_precision(self):
         """On CUDA, the whole update (forwards and backward) runs with TF32 for bf16 and IEEE fp32 for
@@ -380,6 +394,9 @@ class Learner:
         mean max_a Q_target(s2, a), plus ``delta`` (B,), the clipped TD errors.
         """
         with self.device_precision():
+            if self._graphs is not None:
+                return self._replay((states, actions, rewards, next_states, terminals, agent_ids, next_action_masks,
+                                     discounts, weights), step)
             return self._update(states, actions, rewards, next_states, terminals, agent_ids, next_action_masks,
                                 step, discounts, weights)
 
@@ -395,6 +412,78 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
+        q_sa = q_all.detach().float().gather(1, actions.long().view(-1, 1))
+        return {"abs_delta": delta.abs().mean(), "q_mean": q_sa.mean(), "q2_max": q2_max.mean(), "delta": delta}
+
+    # ---- the captured update (cuda_graph) ------------------------------------------------------------
+    def _replay(self, args: tuple, step: int) -> dict[str, Tensor]:
+        """The update as one CUDA graph launch: the inputs copied into the graph's own tensors, the learning
+        rate into its device scalar. The first call with a new input signature (shapes, dtypes, which optional
+        inputs are given) captures a graph for it (:meth:`_capture`). The statistics returned are the graph's
+        output tensors, overwritten by the next update: read or accumulate them before it (the learner set
+        does)."""
+        key = tuple(None if a is None else (tuple(a.shape), a.dtype) for a in args)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(args)
+        inputs, graph, out = self._graphs[key]
+        for static, a in zip(inputs, args):
+            if a is not None:
+                static.copy_(a, non_blocking=True)
+        self._lr.fill_(lr_at(step, learn_start=self.learn_start, lr_start=self.lr_start, lr_end=self.lr_end,
+                             lr_endt=self.lr_endt))
+        graph.replay()
+        return dict(out)
+
+    def _capture(self, args: tuple) -> tuple[list, torch.cuda.CUDAGraph, dict[str, Tensor]]:
+        """Capture :meth:`_graph_step` on tensors of ``args``' signature: three warm-up steps on a side stream
+        (CUDA's rule before a capture), then the capture; the weights and optimizer state the warm-up moved
+        are put back, so the run goes on exactly where it was."""
+        inputs = [None if a is None else a.clone() for a in args]
+        params = list(self.online_network.parameters())
+        if isinstance(self.optimizer, DQN3RMSprop):  # its state exists before the warm-up, as zeros
+            for p in params:
+                st = self.optimizer.state[p]
+                if not st:
+                    st["g"], st["g2"] = torch.zeros_like(p), torch.zeros_like(p)
+        saved_params = [p.detach().clone() for p in params]
+        saved_state = {p: {k: v.clone() for k, v in self.optimizer.state[p].items() if isinstance(v, Tensor)}
+                       for p in params if self.optimizer.state.get(p)}
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self._graph_step(*inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            out = self._graph_step(*inputs)
+        with torch.no_grad():
+            for p, saved in zip(params, saved_params):
+                p.copy_(saved)
+            for p in params:
+                for k, v in self.optimizer.state.get(p, {}).items():
+                    if isinstance(v, Tensor):
+                        v.copy_(saved_state[p][k]) if p in saved_state else v.zero_()
+        return inputs, graph, out
+
+    def _graph_step(self, states, actions, rewards, next_states, terminals, agent_ids, next_action_masks, discounts,
+                    weights) -> dict[str, Tensor]:
+        """The update :meth:`_update` makes, with the learning rate read from the device scalar ``_lr`` (so an
+        annealed rate needs no new graph) and the optimizer's maths per tensor (launches are free in a graph)."""
+        q_all, targets, delta, q2_max = self._forward_targets(states, actions, rewards, next_states, terminals,
+                                                              agent_ids, next_action_masks, discounts, weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        q_all.backward((-targets).to(q_all.dtype))
+        with torch.no_grad():
+            if isinstance(self.optimizer, DQN3RMSprop):
+                for group in self.optimizer.param_groups:
+                    ps = [p for p in group["params"] if p.grad is not None]
+                    _rmsprop_elementwise(ps, [p.grad for p in ps], [self.optimizer.state[p]["g"] for p in ps],
+                                         [self.optimizer.state[p]["g2"] for p in ps], self._lr, group["decay"],
+                                         group["eps"], group["weight_cost"])
+            else:
+                self.optimizer.step()
         q_sa = q_all.detach().float().gather(1, actions.long().view(-1, 1))
         return {"abs_delta": delta.abs().mean(), "q_mean": q_sa.mean(), "q2_max": q2_max.mean(), "delta": delta}
 
@@ -461,6 +550,11 @@ class Learner:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._graphs:  # the optimizer's state tensors are replaced: graphs captured on the old ones go
+            self._graphs.clear()
         self.online_network.load_state_dict(state["online"])
         self.target_network.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self._graphs is not None and not isinstance(self.optimizer, DQN3RMSprop):
+            for group in self.optimizer.param_groups:  # capturable Adam reads the rate from the device scalar
+                group["lr"] = self._lr

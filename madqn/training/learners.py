@@ -135,6 +135,9 @@ class LearnerSet:
         if c.sharing == SHARED:
             check_shared_spaces(env)
         members = group_members(c, self.agents)
+        if c.cuda_graph and device.type != "cuda":
+            raise MadqnError(f"cuda_graph = true captures the update in a CUDA graph: it needs device = 'cuda' "
+                             f"(this run's device is {device}); set cuda_graph = false")
         capacity = replay_capacity(c, env, [agents for _, agents in members], has_masks, n_copies)
         self.groups: list[Group] = []
         for (name, agents), seed in zip(members, replay_seeds):
@@ -145,7 +148,7 @@ class LearnerSet:
                               discount=c.discount, clip_delta=c.clip_delta, rescale_r=c.rescale_r, r_max=1.0,
                               weight_cost=c.wc, device=device, decay=c.rmsprop_decay, eps=c.rmsprop_eps,
                               use_target=c.target_q > 0, optimizer=c.optimizer, adam_eps=c.adam_eps,
-                              double=c.double, precision=c.precision, compile=c.compile)
+                              double=c.double, precision=c.precision, compile=c.compile, cuda_graph=c.cuda_graph)
             replay = ReplayMemory(capacity, tuple(obs_space.shape), c.hist_len,
                                   n_streams=len(agents) * n_copies, frame_dtype=obs_space.dtype,
                                   n_actions=n_actions, store_action_masks=has_masks, seed=seed, n_step=c.n_step,
