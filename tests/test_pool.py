@@ -300,3 +300,39 @@ def test_process_backend_with_the_pool_trains_marks_snapshot_seats_and_resumes(t
     assert [s["step"] for s in after] == [800, 960]
     marked = [r for r in read_csv(run / "episodes.csv") if r["snapshot_step"] and int(r["step"]) > 640]
     assert marked and {int(r["snapshot_step"]) for r in marked} <= {480, 640, 800}
+
+
+def test_pool_games_pair_the_networks_of_each_period_with_the_snapshot_they_played():
+    from madqn.evaluation.rating import pool_games
+
+    def episode(n, step, left, right, snapshot_seat=None, snapshot=None, random_seat=None):
+        return [{"episode": str(n), "step": str(step), "agent": a, "score": str(score),
+                 "snapshot_step": str(snapshot) if a == snapshot_seat else "",
+                 "random_seat": "1" if a == random_seat else "0"} for a, score in (("left", left), ("right", right))]
+
+    rows = (episode(1, 120, 1, -1, "right", 100)  # networks of (100, 200] beat snapshot 100
+            + episode(2, 150, -1, 1)  # plain self-play: not a pool game
+            + episode(3, 200, 0, 0, "left", 100)  # step 200 still belongs to (100, 200]: a draw
+            + episode(4, 250, -1, 1, "right", 200)  # networks of (200, 300] lose to snapshot 200
+            + episode(5, 260, 1, -1, "left", 100, random_seat="right")  # only a random player beside: skipped
+            + episode(6, 300, 1, -1, "right", 300))  # the snapshot taken at this very step: itself, skipped
+    assert pool_games(rows, every=100) == [("step 200", "step 100", 1.0), ("step 200", "step 100", 0.5),
+                                           ("step 300", "step 200", 0.0)]
+
+
+def test_madqn_pool_rates_a_real_runs_snapshots_and_refuses_a_run_without_a_pool(tmp_path):
+    settings = {k: v for k, v in TINY.items() if k != "env"}
+    run = tmp_path / "run"
+    madqn.train(CATCH, run_dir=run, **settings, steps=600, learn_start=100, sharing="independent",
+                pool_every=100, pool_size=3, pool_prob=0.5, seed=4)
+    done = run_madqn("pool", run, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = read_csv(run / "pool_ratings.csv")
+    steps = [int(r["step"]) for r in rows]
+    assert steps == sorted(steps) and steps[0] == 100 and float(rows[0]["rating"]) == 0.0
+    assert all(int(r["games"]) > 0 for r in rows) and "Elo relative to step 100" in done.stdout
+    plain = tmp_path / "plain"
+    madqn.train(CATCH, run_dir=plain, **settings, steps=100, learn_start=50, seed=4)
+    refused = run_madqn("pool", plain, cwd=tmp_path)
+    assert refused.returncode != 0 and "without an opponent pool" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1

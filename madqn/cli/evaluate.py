@@ -234,6 +234,47 @@ def _record(args: argparse.Namespace, env: Any, rows: list[dict[str, Any]], play
     print(f"video: {path} ({recording.frames} frames, {args.video_episodes} episode(s) of {first})")
 
 
+# ---- madqn pool --------------------------------------------------------------------------------------
+
+@command
+def _pool(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pool", help="rate the opponent pool of a run: Elo of each snapshot and of the networks between them",
+        description="Fit Elo-scale ratings (Bradley-Terry, madqn.evaluation.rating) to the training games a run "
+                    "with an opponent pool (pool_every > 0) played against its snapshots: each snapshot, and the "
+                    "networks between two snapshots, is one player named by its agent step; the earliest is "
+                    "anchored at 0. Prints the table and writes RUN_DIR/pool_ratings.csv.")
+    p.add_argument("run_dir", help="a run directory trained with pool_every > 0")
+    p.set_defaults(func=run_pool)
+
+
+def run_pool(args: argparse.Namespace) -> int:
+    from madqn.evaluation.rating import fit_ratings, pool_games
+    from madqn.training.metrics import read_rows
+
+    run = Path(args.run_dir)
+    if not (run / "config.toml").is_file():
+        raise MadqnError(f"{run} is not a run directory (no config.toml)")
+    config = make_config(run / "config.toml")
+    if config.pool_every <= 0:
+        raise MadqnError(f"{run} was trained without an opponent pool (pool_every = 0): nothing to rate")
+    games = pool_games(read_rows(run / "episodes.csv"), config.pool_every)
+    if not games:
+        raise MadqnError(f"{run}: no episode against a pool snapshot yet (episodes.csv has no snapshot_step)")
+    steps = sorted({int(p.split()[1]) for g in games for p in g[:2]})
+    ratings = fit_ratings(games, anchor=f"step {steps[0]}")
+    rows = [{"step": int(r.player.split()[1]), "rating": round(r.rating, 1), "se": round(r.se, 1), "games": r.games,
+             "score": round(r.score, 3)} for r in ratings.values()]
+    rows.sort(key=lambda r: r["step"])
+    _write_csv(run / "pool_ratings.csv", ["step", "rating", "se", "games", "score"], rows)
+    print(f"{run}: {len(games)} games against the pool, Elo relative to step {steps[0]:,} (± 1 s.e.)")
+    for r in rows:
+        print(f"  step {r['step']:>10,}  {r['rating']:>8.1f} ± {r['se']:<6.1f}  {r['games']:>5} games, "
+              f"{r['score']:.2f} points per game")
+    print(f"table: {run / 'pool_ratings.csv'}")
+    return 0
+
+
 # ---- madqn compare -------------------------------------------------------------------------------
 
 @command

@@ -118,3 +118,32 @@ def _standard_errors(theta: np.ndarray, n_games: np.ndarray, anchor: int | None)
         cov = np.zeros_like(info)
         cov[np.ix_(keep, keep)] = np.linalg.inv(info[np.ix_(keep, keep)])
     return np.sqrt(np.clip(np.diag(cov), 0.0, None))
+
+
+def pool_games(rows: Iterable[dict], every: int) -> list[tuple[str, str, float]]:
+    """The training games of a run with an opponent pool (``episodes.csv`` rows, ``pool_every`` = ``every``)
+    as rated games between versions of the networks: in an episode where a snapshot played some seats, the
+    current networks (the version that becomes the snapshot of the next multiple of ``every``) against that
+    snapshot, scored as the pool scores it (their mean score against the snapshot seats' mean: win 1, draw
+    1/2, loss 0; random seats count for neither). Players are named ``"step N"``: the snapshot taken at agent
+    step N, or the networks that played between step N - every and N."""
+    episodes: dict[str, list[dict]] = {}
+    for row in rows:
+        episodes.setdefault(row["episode"], []).append(row)
+    games = []
+    for seats in episodes.values():
+        snapshot = {r["snapshot_step"] for r in seats if r.get("snapshot_step")}
+        if len(snapshot) != 1:
+            continue
+        theirs = [float(r["score"]) for r in seats if r.get("snapshot_step")]
+        ours = [float(r["score"]) for r in seats if not r.get("snapshot_step") and r.get("random_seat") != "1"]
+        if not ours:
+            continue
+        step = int(seats[0]["step"])
+        current = f"step {-(-step // every) * every}"
+        opponent = f"step {int(next(iter(snapshot)))}"
+        if current == opponent:
+            continue
+        mine, other = sum(ours) / len(ours), sum(theirs) / len(theirs)
+        games.append((current, opponent, 1.0 if mine > other else 0.5 if mine == other else 0.0))
+    return games
