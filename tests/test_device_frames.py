@@ -107,6 +107,7 @@ def test_learners_with_frames_on_the_device_train_to_the_same_weights(changes):
     updates as with the host replay, and a replay restored from a checkpoint comes back on the device."""
     host, env = _learner_set("host", **changes)
     device, _ = _learner_set("learner", **changes)
+    device.stage = Stager(torch.device("cpu"), pack=True)  # the batch packed into one buffer, as on a GPU
     rng = np.random.default_rng(0)
     space = env.observation_space(env.possible_agents[0])
     for t in range(300):
@@ -132,9 +133,11 @@ def test_learners_with_frames_on_the_device_train_to_the_same_weights(changes):
     env.close()
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_the_stager_hands_back_each_array_with_its_dtype_and_shape(device):
-    stage = Stager(torch.device(device))
+@pytest.mark.parametrize("device, pack", [("cpu", False), ("cpu", True)] + [("cuda", None)] * ("cuda" in DEVICES))
+def test_the_stager_hands_back_each_array_with_its_dtype_and_shape(device, pack):
+    """One buffer, each array at an 8-byte aligned offset, handed back as views of its dtype and shape (packed
+    as on a GPU, also on the CPU with pack=True), reused call after call."""
+    stage = Stager(torch.device(device), pack)
     rng = np.random.default_rng(1)
     arrays = [rng.integers(0, 255, (32, 5, 84, 84), dtype=np.uint8), rng.integers(0, 6, 32),
               rng.random(32).astype(np.float32), None, rng.random((32, 6)) < 0.5, np.arange(3, dtype=np.int32)]
@@ -145,5 +148,6 @@ def test_the_stager_hands_back_each_array_with_its_dtype_and_shape(device):
                 assert t is None
                 continue
             assert t.device.type == device and tuple(t.shape) == a.shape
+            assert t.dtype == torch.from_numpy(a[:0]).dtype
             np.testing.assert_array_equal(t.cpu().numpy(), a)
         arrays[2] = arrays[2] + 1

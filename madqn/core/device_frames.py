@@ -96,16 +96,19 @@ class Stager:
     """Several small host arrays to the device in one copy: packed into one pinned byte buffer (each array
     at an 8-byte aligned offset), copied once, handed back as device views of their dtypes and shapes.
 
-    On CPU nothing is copied: the arrays come back as tensors sharing their memory."""
+    On CPU nothing is copied: the arrays come back as tensors sharing their memory (``pack = True`` packs
+    them all the same, into an unpinned buffer that the next call reuses: what the tests check the layout with)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, pack: bool | None = None):
         self.device = torch.device(device)
+        self.pack = self.device.type == "cuda" if pack is None else pack
         self._host: torch.Tensor | None = None
         self._event: torch.cuda.Event | None = None
 
     def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[torch.Tensor | None]:
-        if self.device.type != "cuda":
+        if not self.pack:
             return [None if a is None else torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+        cuda = self.device.type == "cuda"
         arrays = [None if a is None else np.ascontiguousarray(a) for a in arrays]
         offsets, size = [], 0
         for a in arrays:
@@ -113,7 +116,7 @@ class Stager:
             if a is not None:
                 size += -(-a.nbytes // 8) * 8
         if self._host is None or self._host.numel() < size:
-            self._host = torch.empty(max(size, 4096), dtype=torch.uint8, pin_memory=True)
+            self._host = torch.empty(max(size, 4096), dtype=torch.uint8, pin_memory=cuda)
         elif self._event is not None:
             self._event.synchronize()  # the previous batch's copy has left the buffer
         host = self._host.numpy()
@@ -121,8 +124,9 @@ class Stager:
             if a is not None:
                 host[off: off + a.nbytes] = a.view(np.uint8).reshape(-1)
         device = self._host[:size].to(self.device, non_blocking=True)
-        self._event = torch.cuda.Event()
-        self._event.record()
+        if cuda:
+            self._event = torch.cuda.Event()
+            self._event.record()
         out: list[torch.Tensor | None] = []
         for a, off in zip(arrays, offsets):
             if a is None:
