@@ -114,6 +114,22 @@ def test_resume_with_replay_equals_uninterrupted_run(tmp_path):
     assert [r["updates"] for r in ta if r["step"] == "230"] == ["32"]
 
 
+def test_resume_with_replay_frames_on_the_learners_device_equals_the_uninterrupted_host_run(tmp_path):
+    """replay_device = "learner" (the frames copied to the learner's device, batches gathered there), stopped
+    and resumed (the device copy rebuilt from replay.pt), ends with the weights of an uninterrupted run that
+    gathers its batches on the host."""
+    common = dict(sharing="shared", save_replay=True, seed=5, num_threads=1, minibatch_size=8, handle_signals=False)
+    madqn.train("pong_v3", SMOKE, run_dir=tmp_path / "split", steps=230, replay_device="learner", **common)
+    resumed = madqn.train(resume=tmp_path / "split", steps=300, handle_signals=False)
+    whole = madqn.train("pong_v3", SMOKE, run_dir=tmp_path / "whole", steps=300, **common)
+    assert resumed.updates == whole.updates == {"shared": 50}
+    a, b = latest(tmp_path / "split"), latest(tmp_path / "whole")
+    la, lb = a["groups"]["shared"]["learner"], b["groups"]["shared"]["learner"]
+    for net in ("online", "target"):
+        for k in la[net]:
+            assert torch.equal(la[net][k], lb[net][k]), f"{net}.{k}"
+
+
 # ---- kill -9 ------------------------------------------------------------------------------------
 
 def test_kill_9_between_checkpoints_then_resume(madqn_cli, tmp_path):
