@@ -419,10 +419,11 @@ class Learner:
     def _replay(self, args: tuple, step: int) -> dict[str, Tensor]:
         """The update as one CUDA graph launch: the inputs copied into the graph's own tensors, the learning
         rate into its device scalar. The first call with a new input signature (shapes, dtypes, which optional
-        inputs are given) captures a graph for it (:meth:`_capture`). The statistics returned are the graph's
+        inputs are given, and the reward scale ``r_max``, which the graph holds as a constant) captures a graph
+        for it (:meth:`_capture`). The statistics returned are the graph's
         output tensors, overwritten by the next update: read or accumulate them before it (the learner set
         does)."""
-        key = tuple(None if a is None else (tuple(a.shape), a.dtype) for a in args)
+        key = tuple(None if a is None else (tuple(a.shape), a.dtype) for a in args) + (self.r_max,)  # r_max: a constant
         if key not in self._graphs:
             self._graphs[key] = self._capture(args)
         inputs, graph, out = self._graphs[key]
