@@ -3,6 +3,9 @@ alive and the step each optimizer takes.
 
     python docs/results/adam_probe.py --out docs/results/adam_probe.csv [--jobs 2] [--cases a,b,...]
 
+The `*_rmsprop_2k` cases (docs/results/rmsprop_regime.csv) train other games' shared networks for 2,000
+updates with DQN3.0's RMSProp instead, for the gradient's scale per layer (the `*_grad_rms` columns).
+
 Every case trains 10,000 minibatch updates per learner from scratch (seed 1, one torch thread, the
 presets' settings otherwise: `configs/pong_fast.toml` for pong_v3 and boxing_v2, `configs/pong_single_fast.toml`
 for one-agent games), so every optimizer has seen the same number of steps. Then, on the final checkpoint:
@@ -44,8 +47,15 @@ PONG_V3 = ["--config", "configs/pong_fast.toml"]
 ONE_AGENT = ["--config", "configs/pong_single_fast.toml"]
 
 
-def steps_for(updates_per_step: float) -> int:
-    return LEARN_START + int(round(UPDATES / updates_per_step))
+def steps_for(updates_per_step: float, updates: int = UPDATES) -> int:
+    return LEARN_START + int(round(updates / updates_per_step))
+
+
+def rmsprop_regime(config: str, updates: int = 2_000) -> list[str]:
+    """A game's preset with DQN3.0's RMSProp at lr 2.5e-4 for ``updates`` updates: is the gradient small enough
+    that RMSProp's eps floor (sqrt(0.01) = 0.1) sets its step, i.e. does it act as plain SGD there?"""
+    return ["--config", config] + RMSPROP + ["--set", "n_step=1", "--set", "target_q=2000",
+                                             "--set", f"steps={steps_for(0.5, updates)}"]
 
 
 # case -> (what it changes, madqn train arguments, updates per agent step, game the units are probed on)
@@ -69,6 +79,17 @@ CASES = {
                      ONE_AGENT + ADAM + ["--set", f"steps={steps_for(0.25)}"], "ALE/Pong-v5"),
     "boxing_shared_adam": ("boxing_v2 shared, Adam as the first", ["--config", "configs/boxing_fast.toml"] + ADAM
                            + ["--set", f"steps={steps_for(0.5)}"], "boxing_v2"),
+    # the gradient's scale in other games, DQN3.0's RMSProp, 2,000 updates (the `*_grad_rms` columns)
+    "boxing_shared_rmsprop_2k": ("boxing_v2 shared, DQN3.0's RMSProp lr 2.5e-4, 2,000 updates",
+                                 rmsprop_regime("configs/boxing_fast.toml"), "boxing_v2"),
+    "tennis_shared_rmsprop_2k": ("tennis_v3 shared, DQN3.0's RMSProp lr 2.5e-4, 2,000 updates",
+                                 rmsprop_regime("configs/tennis_fast.toml"), "tennis_v3"),
+    "surround_shared_rmsprop_2k": ("surround_v2 shared, DQN3.0's RMSProp lr 2.5e-4, 2,000 updates",
+                                   rmsprop_regime("configs/surround_fast.toml"), "surround_v2"),
+    "space_invaders_shared_rmsprop_2k": ("space_invaders_v2 shared, DQN3.0's RMSProp lr 2.5e-4, 2,000 updates",
+                                         rmsprop_regime("configs/space_invaders_fast.toml"), "space_invaders_v2"),
+    "v3_shared_rmsprop_2k": ("pong_v3 shared, DQN3.0's RMSProp lr 2.5e-4, 2,000 updates",
+                             rmsprop_regime("configs/pong_fast.toml"), "pong_v3"),
 }
 
 
