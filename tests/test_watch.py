@@ -430,7 +430,7 @@ def test_seeds_of_a_variant_are_averaged_with_a_band(tmp_path):
     fig = learning_curves_figure(runs, window=1, size=(900, 400))
     axes = fig.axes
     assert [ax.get_title() for ax in axes] == AGENTS
-    legend = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend == ["pong_v3 independent (3 seeds)", "pong_v3 shared (seed 1)"]
     mean_line = axes[0].get_lines()[0]
     x, y = mean_line.get_xdata(), mean_line.get_ydata()
@@ -443,6 +443,25 @@ def test_seeds_of_a_variant_are_averaged_with_a_band(tmp_path):
     np.testing.assert_allclose(axes[1].get_lines()[0].get_ydata(), -2 * x / 100)
     shared = axes[0].get_lines()[1]  # the single shared run: its scores as given (window 1)
     assert list(shared.get_xdata()) == [50, 150] and list(shared.get_ydata()) == [7.0, 9.0]
+
+
+def test_variants_ignore_keys_without_effect_and_name_the_ones_that_differ(tmp_path):
+    """Two seeds that differ in adam_eps under RMSProp and in sync_every with the local backend learn alike: one
+    variant. A third run with a learning-rate warm-up is another, labelled by the keys that tell them apart."""
+    from madqn.config import Config
+    from madqn.evaluation.plot import group_variants, load_run
+
+    base = dict(sharing="shared", optimizer="rmsprop", backend="local", lr=0.00025, lr_end=0.00025)
+    configs = {"a": Config(seed=1, adam_eps=0.1, sync_every=4, **base),
+               "b": Config(seed=2, adam_eps=0.2, sync_every=8, **base),
+               "c": Config(seed=3, **{**base, "lr_end": 0.001}, lr_endt=50_000)}
+    for name, config in configs.items():
+        run_dir = tmp_path / name
+        write_run(run_dir, config.seed, "shared", [(10, a, 0.0) for a in AGENTS])
+        (run_dir / "config.toml").write_text(config.to_toml())
+    variants = group_variants([load_run(tmp_path / n) for n in "abc"])
+    assert [(label, len(members)) for label, members in variants] == [
+        ("pong_v3 shared lr_end=0.00025 (2 seeds)", 2), ("pong_v3 shared lr_end=0.001 lr_endt=50000 (seed 3)", 1)]
 
 
 def test_smoothing_and_running_best_by_hand():

@@ -1,9 +1,9 @@
 """Learning curves from run directories: raw score per agent against agent steps, smoothed.
 
 Each run directory gives its ``episodes.csv`` (the source of truth) and ``config.toml``. Runs whose
-configs agree on everything except the seed (and bookkeeping keys such as ``device``, ``steps``
-or ``prog_freq``) are one *variant* (e.g. pong_v3 shared); a variant with several runs is drawn
-as the mean over its runs with the min..max (or mean +- std) band shaded, on the agent-step range
+configs agree on everything except the seed (and bookkeeping keys such as ``device``, ``steps`` or
+``prog_freq``, and keys without effect under the others, such as ``adam_eps`` with RMSProp) are one
+*variant* (e.g. pong_v3 shared); a variant with several runs is drawn as the mean over its runs with the min..max (or mean +- std) band shaded, on the agent-step range
 all its runs reached. One panel per agent. Matplotlib's Agg canvas is used directly, so no display
 is needed and pyplot's global state is untouched.
 """
@@ -42,7 +42,8 @@ class RunCurves:
     @property
     def variant(self) -> tuple:
         d = self.config.to_dict()
-        return tuple((k, repr(d[k])) for k in sorted(d) if k not in BOOKKEEPING_KEYS)
+        ignored = BOOKKEEPING_KEYS | inert_keys(self.config)
+        return tuple((k, repr(d[k])) for k in sorted(d) if k not in ignored)
 
 
 def find_runs(paths: Iterable[str | Path]) -> list[Path]:
@@ -102,6 +103,19 @@ def smooth(values: np.ndarray, window: int) -> np.ndarray:
     i = np.arange(1, values.size + 1)
     lo = np.maximum(0, i - window)
     return (csum[i] - csum[lo]) / (i - lo)
+
+
+def inert_keys(config: Config) -> set[str]:
+    """Keys whose value has no effect under ``config``'s other settings: not part of its variant."""
+    inert = set()
+    if config.optimizer != "adam":
+        inert.add("adam_eps")
+    if config.lr == config.lr_end:
+        inert.add("lr_endt")  # no anneal
+    if config.backend == "local":  # the actor-process keys
+        inert |= {"actors", "ray_address", "sync_every", "rollout_len", "max_in_flight", "update_ratio",
+                  "actor_epsilons", "apex_eps", "apex_alpha"}
+    return inert
 
 
 def group_variants(runs: Sequence[RunCurves]) -> list[tuple[str, list[RunCurves]]]:
@@ -191,7 +205,10 @@ def learning_curves_figure(runs: Sequence[str | Path | RunCurves], *, window: in
         ax.grid(alpha=0.3)
         ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
     axes[0].set_ylabel(ylabel or (f"score (raw, {window}-episode mean)" if window > 1 else "score (raw)"))
-    axes[0].legend(loc="best", fontsize="small")
+    # below the panels, one variant per line: long labels (variants told apart by several keys) take the
+    # figure's width instead of squeezing the panels
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", fontsize="small")
     if title:
         fig.suptitle(title)
     return fig
