@@ -17,7 +17,8 @@ LIMIT = 15_000_000  # bytes: the largest model file the repository accepts
 # per model: points per game by which its mean score must exceed the random player's on the same episodes, in
 # every seat, or per seat where a model beats random players in some seats only (as the README's table says)
 MARGINS = {"boxing_v2_independent.pt": 20.0, "boxing_v2_shared.pt": {"second_0": 30.0}, "pong_single.pt": 5.0,
-           "pong_v3_shared.pt": 5.0, "pong_v3_independent.pt": 10.0}
+           "pong_v3_shared.pt": 5.0, "pong_v3_independent.pt": 10.0,
+           "pong_v3_shared_efficient.pt": 5.0, "pong_v3_independent_efficient.pt": 10.0}
 # where and how a preset runs (processes, threads, compiled kernels), not what it learns: the pong presets gained
 # their two-core settings after the committed models were trained with the same learning settings in one process
 EXECUTION_KEYS = {"backend", "actors", "rollout_len", "sync_every", "max_in_flight", "compile", "overlap", "vector_env"}

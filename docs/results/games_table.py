@@ -31,6 +31,13 @@ ENTRIES = [
      "boxing_fast.toml", "2-core AMD EPYC, 1 core"),
     ("boxing_v2", "independent", "boxing_v2_independent/eval_random_800k.json", "boxing_v2_independent", 800_000,
      "boxing_fast_independent.toml", "2-core AMD EPYC, 1 core"),
+    ("pong_v3", "shared", "pong_v3_shared_warmup_s1/eval_random_310k.json", "pong_v3_shared_warmup_s1", 310_000,
+     "pong_efficient.toml` seed 1, `--backend local", "2-core AMD EPYC, 1 core"),
+    ("pong_v3", "shared", "pong_v3_shared_warmup_s2/eval_random_310k.json", "pong_v3_shared_warmup_s2", 310_000,
+     "pong_efficient.toml` seed 2, `--backend local", "2-core AMD EPYC, 1 core"),
+    ("pong_v3", "independent", "pong_v3_independent_efficient_s1/eval_random_250k.json",
+     "pong_v3_independent_efficient_s1", 250_000, "pong_efficient_independent.toml` seed 1, `--backend local",
+     "2-core AMD EPYC, 1 core"),
 ]
 
 
@@ -70,7 +77,7 @@ def main() -> None:
                   f"{base['mean']:+.1f} | {ref.paper:g} (random {ref.random:g}) | {score:.2f} | {step:,} | "
                   f"{updates:,} | {hours:.1f} h | `configs/{preset}`, {machine} |")
     agg = aggregate(tasks)
-    print(f"\nAggregate over {agg.tasks} games ({agg.runs} seat-runs, one seed each): IQM of the normalised scores "
+    print(f"\nAggregate over {agg.tasks} games ({agg.runs} seat-runs: every preset and seed in the table): IQM of the normalised scores "
           f"{agg.iqm:.2f}, 95% stratified-bootstrap interval [{agg.low:.2f}, {agg.high:.2f}] "
           f"(1.00 = the paper's Ape-X DQN at 50M agent steps)")
 
