@@ -175,6 +175,18 @@ def test_lr_at_anneal_numbers():
     assert lr_at(3_000_000, learn_start=50_000, lr_start=2.5e-4, lr_end=2.5e-4, lr_endt=1_000_000) == pytest.approx(2.5e-4)
 
 
+def test_lr_at_runs_upwards_as_a_warm_up():
+    """configs/pong_efficient.toml's warm-up: lr 2.5e-4 rising to lr_end 1e-3 over lr_endt = 50k agent steps of
+    learning (learn_start 10k), then 1e-3; by hand: at t steps of learning 7.5e-4 * (50k - t) / 50k below 1e-3."""
+    kw = dict(learn_start=10_000, lr_start=2.5e-4, lr_end=1e-3, lr_endt=50_000)
+    assert lr_at(5_000, **kw) == pytest.approx(2.5e-4)
+    assert lr_at(10_000, **kw) == pytest.approx(2.5e-4)
+    assert lr_at(20_000, **kw) == pytest.approx(4e-4)  # t = 10k: 1e-3 - 7.5e-4 * 0.8
+    assert lr_at(35_000, **kw) == pytest.approx(6.25e-4)  # t = 25k: half way
+    assert lr_at(60_000, **kw) == pytest.approx(1e-3)
+    assert lr_at(300_000, **kw) == pytest.approx(1e-3)
+
+
 # ---------------------------------------------------------------- gradient injection and Learner
 
 DISCOUNT = 0.9
