@@ -4,8 +4,9 @@ Each run directory gives its ``episodes.csv`` (the source of truth) and ``config
 configs agree on everything except the seed (and bookkeeping keys such as ``device``, ``steps`` or
 ``prog_freq``, and keys without effect under the others, such as ``adam_eps`` with RMSProp) are one
 *variant* (e.g. pong_v3 shared); a variant with several runs is drawn as the mean over its runs with
-the min..max (or mean +- std) band shaded, on the agent-step range all its runs reached. One panel per agent. Matplotlib's Agg canvas is used directly, so no display
-is needed and pyplot's global state is untouched.
+the min..max (or mean +- std) band shaded, on the agent-step range all its runs reached. One panel per
+agent. Matplotlib's Agg canvas is used directly, so no display is needed and pyplot's global state is
+untouched.
 """
 
 from __future__ import annotations
